@@ -1,0 +1,30 @@
+# The whole set-up is `make run` and `make test`: each creates .venv when missing and installs the project.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# On a machine without an NVIDIA driver, pin the CPU build of torch that lies on this disk (no download).
+TORCH_PIN := $(if $(shell command -v nvidia-smi 2>/dev/null),,torch==2.13.0)
+
+.PHONY: run test lint install clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(if $(TORCH_PIN),$(PY) -m pip install -q $(TORCH_PIN))
+	$(PY) -m pip install -q -e ".[dev,mujoco]" $(TORCH_PIN)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/rlplace-train $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) outputs
