@@ -76,6 +76,14 @@ def fail(message: str) -> None:
     sys.exit(EXIT_BAD_CONFIG)
 
 
+def describe_compose_error(err: Exception) -> str:
+    """One line from Hydra's composition error and its cause (which says what the value should have been)."""
+    parts = [" ".join(str(err).split("Config search path")[0].split())]
+    if err.__cause__ is not None:
+        parts.append(str(err.__cause__).splitlines()[0])
+    return ": ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> None:
     register()
     overrides = sys.argv[1:] if argv is None else argv
@@ -86,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, PlacementError) as err:
         fail(str(err))
     except (HydraException, OmegaConfBaseException) as err:
-        fail(" ".join(str(err).split()))
+        fail(describe_compose_error(err))
     print_plan(plan)
 
 
