@@ -38,9 +38,7 @@ def test_seed_example_on_node8(compose_cfg) -> None:
     assert typed.actor.enable_offload and typed.env.enable_offload and typed.rollout.enable_offload
 
 
-@pytest.mark.parametrize(
-    "group", ["task", "model", "algorithm", "rollout", "logger"], ids=lambda g: f"group={g}"
-)
+@pytest.mark.parametrize("group", ["task", "model", "algorithm", "rollout", "logger"], ids=lambda g: f"group={g}")
 def test_every_option_composes(compose_cfg, group: str) -> None:
     for option in group_options(group):
         assert isinstance(to_typed(compose_cfg(f"{group}={option}")), TrainConfig)
