@@ -1,0 +1,219 @@
+"""Metric logger backends and the summary used by wandb and sweep reports.
+
+Every run folder gets `metrics.jsonl` whatever the backend: the sweep report reads it, and it survives without an
+account or network. `wandb` is added on top when chosen; offline mode writes a local run folder that
+`wandb sync` can upload later. The driver owns one logger, calls `log(metrics, step)` once per step, optionally
+`log_summary(summarize(history, warmup))` at the end, and `close()`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+BACKENDS = ("wandb", "jsonl", "none")
+WANDB_MODES = ("offline", "online", "disabled")
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+SUMMARY_PREFIXES = ("throughput/", "time/")
+
+WandbMode = Literal["offline", "online", "disabled"]
+
+
+@runtime_checkable
+class MetricLogger(Protocol):
+    """What the driver needs from a logger."""
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def log_summary(self, values: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _as_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Coerce numbers (python, numpy, 0-d torch tensors) to float, naming the key that is not a number."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__}: {value!r}") from e
+    return out
+
+
+class NullLogger:
+    """Discards everything: for non-driver ranks, benchmarks and tests that want no files."""
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_summary(self, values: Mapping[str, float]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlLogger:
+    """One JSON object per line, `{"step": step, **metrics}`, flushed per line so a crash loses at most one step.
+
+    The file is opened for appending, so a resumed run continues its history. `log_summary` writes
+    `summary.json` next to it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self._file.write(json.dumps({"step": int(step), **_as_floats(metrics)}) + "\n")
+        self._file.flush()
+
+    def log_summary(self, values: Mapping[str, float]) -> None:
+        summary_path = self.path.with_name(SUMMARY_FILE)
+        summary_path.write_text(json.dumps(_as_floats(values), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+
+class WandbLogger:
+    """A Weights & Biases run holding the full resolved config.
+
+    `WANDB_MODE` in the environment overrides `mode`, so CI or a laptop can force offline without touching the
+    config. Offline mode never touches the network; the run folder lands in `<dir>/wandb/offline-run-*`.
+    Console capture is off (Hydra already logs to the run folder, and capture fights the rich progress bar) and
+    `silent` keeps wandb's banner out of the training log.
+    """
+
+    def __init__(
+        self,
+        project: str,
+        name: str | None = None,
+        group: str | None = None,
+        tags: Sequence[str] = (),
+        config: Mapping[str, Any] | None = None,
+        mode: WandbMode = "offline",
+        dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if mode not in WANDB_MODES:
+            raise ValueError(f"wandb mode {mode!r} is not one of {list(WANDB_MODES)}")
+        import wandb  # deferred: importing wandb costs ~1 s, and jsonl-only runs never need it
+
+        if dir is not None:
+            Path(dir).mkdir(parents=True, exist_ok=True)
+        self.mode = os.environ.get("WANDB_MODE") or mode
+        self.run = wandb.init(
+            project=project,
+            name=name,
+            group=group,
+            tags=list(tags) or None,
+            config=dict(config or {}),
+            mode=self.mode,
+            dir=None if dir is None else str(dir),
+            reinit="finish_previous",  # a crashed earlier job in the same process (Hydra multirun) is closed
+            settings=wandb.Settings(silent=True, console="off"),
+        )
+        self._closed = False
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.run.log(_as_floats(metrics), step=int(step))
+
+    def log_summary(self, values: Mapping[str, float]) -> None:
+        self.run.summary.update(_as_floats(values))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.run.finish()
+
+
+class MultiLogger:
+    """Fans every call out to several loggers (e.g. `metrics.jsonl` plus wandb)."""
+
+    def __init__(self, loggers: Iterable[MetricLogger]) -> None:
+        self.loggers = list(loggers)
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        for logger in self.loggers:
+            logger.log(metrics, step)
+
+    def log_summary(self, values: Mapping[str, float]) -> None:
+        for logger in self.loggers:
+            logger.log_summary(values)
+
+    def close(self) -> None:
+        errors: list[BaseException] = []
+        for logger in self.loggers:
+            try:
+                logger.close()
+            except Exception as e:  # close the rest before reporting
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+def build_logger(
+    backend: str,
+    run_dir: str | os.PathLike[str],
+    *,
+    config: Mapping[str, Any],
+    project: str = "rlplace",
+    name: str | None = None,
+    group: str | None = None,
+    tags: Sequence[str] = (),
+    mode: WandbMode = "offline",
+) -> MetricLogger:
+    """The run's logger: always `run_dir/metrics.jsonl`, plus wandb (files under `run_dir`) for backend "wandb".
+
+    "none" means no external tracker; the jsonl file is still written because reports read it.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown logger backend {backend!r}; valid backends: {list(BACKENDS)}")
+    run_dir = Path(run_dir)
+    jsonl = JsonlLogger(run_dir / METRICS_FILE)
+    if backend != "wandb":
+        return jsonl
+    try:
+        wandb_logger = WandbLogger(
+            project=project, name=name, group=group, tags=tags, config=config, mode=mode, dir=run_dir
+        )
+    except BaseException:
+        jsonl.close()
+        raise
+    return MultiLogger([jsonl, wandb_logger])
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The history written by `JsonlLogger`, one dict per step (blank lines skipped)."""
+    with Path(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summarize(
+    history: Sequence[Mapping[str, Any]],
+    warmup: int,
+    prefixes: Sequence[str] = SUMMARY_PREFIXES,
+) -> dict[str, float]:
+    """Median of each metric starting with one of `prefixes` over the records after the first `warmup`.
+
+    Medians, not means: one slow step (a compile, a checkpoint) should not move a placement's number. Steps
+    where a metric is missing or not finite are skipped for that metric; if no record is left after warm-up the
+    summary is empty rather than silently including warm-up steps.
+    """
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    values: dict[str, list[float]] = {}
+    for record in history[warmup:]:
+        for key, value in record.items():
+            if key.startswith(tuple(prefixes)) and isinstance(value, int | float) and math.isfinite(value):
+                values.setdefault(key, []).append(float(value))
+    return {key: statistics.median(vals) for key, vals in sorted(values.items())}

@@ -1,0 +1,94 @@
+"""Logger backends (jsonl, offline wandb, composition), build_logger's refusal, and summarize()."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlplace.metrics import JsonlLogger, NullLogger, WandbLogger, build_logger, read_jsonl, summarize
+from rlplace.metrics.logger import MetricLogger, MultiLogger
+
+
+def test_jsonl_logger_writes_one_flushed_line_per_step(tmp_path) -> None:
+    path = tmp_path / "run" / "metrics.jsonl"
+    logger = JsonlLogger(path)
+    logger.log({"time/step": 1.5, "train/policy_loss": 2}, step=0)
+    assert json.loads(path.read_text()) == {"step": 0, "time/step": 1.5, "train/policy_loss": 2.0}  # flushed
+    logger.log({"time/step": 1.0}, step=1)
+    logger.log_summary({"time/step": 1.25})
+    logger.close()
+    logger.close()  # idempotent
+    assert read_jsonl(path) == [
+        {"step": 0, "time/step": 1.5, "train/policy_loss": 2.0},
+        {"step": 1, "time/step": 1.0},
+    ]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"time/step": 1.25}
+    with pytest.raises(TypeError, match="'env/success'"):
+        JsonlLogger(path).log({"env/success": "yes"}, step=2)
+
+
+def test_wandb_logger_offline_writes_a_local_run(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    config = {"cluster": {"component_placement": {"actor,rollout": "all"}}, "algorithm": {"lr": 3e-4}}
+    logger = WandbLogger(
+        project="rlplace-test", name="hybrid", group="sweep-1", tags=["hybrid", "test"], config=config, dir=tmp_path
+    )
+    assert logger.mode == "offline"
+    assert logger.run.group == "sweep-1" and set(logger.run.tags) == {"hybrid", "test"}
+    assert logger.run.config["algorithm"]["lr"] == 3e-4
+    logger.log({"throughput/env_steps_per_s": 100.0}, step=0)
+    logger.log({"throughput/env_steps_per_s": 120.0}, step=1)
+    logger.log_summary({"throughput/env_steps_per_s": 110.0})
+    assert logger.run.summary["throughput/env_steps_per_s"] == 110.0
+    logger.close()
+    logger.close()  # idempotent
+
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert list(runs[0].glob("*.wandb"))
+
+
+def test_build_logger_always_writes_jsonl(tmp_path) -> None:
+    for backend in ("jsonl", "none"):
+        logger = build_logger(backend, tmp_path / backend, config={})
+        assert isinstance(logger, MetricLogger)
+        logger.log({"time/step": 1.0}, step=0)
+        logger.close()
+        assert read_jsonl(tmp_path / backend / "metrics.jsonl") == [{"step": 0, "time/step": 1.0}]
+
+
+def test_build_logger_refuses_unknown_backend(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"'tensorboard'.*\['wandb', 'jsonl', 'none'\]"):
+        build_logger("tensorboard", tmp_path, config={})
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_multi_logger_fans_out(tmp_path) -> None:
+    logger = MultiLogger([JsonlLogger(tmp_path / "a.jsonl"), JsonlLogger(tmp_path / "b.jsonl"), NullLogger()])
+    logger.log({"time/step": 2.0}, step=3)
+    logger.close()
+    assert read_jsonl(tmp_path / "a.jsonl") == read_jsonl(tmp_path / "b.jsonl") == [{"step": 3, "time/step": 2.0}]
+
+
+def test_summarize_takes_medians_after_warmup() -> None:
+    history = [
+        {"step": 0, "time/step": 30.0, "throughput/tokens_per_s": 10.0, "train/policy_loss": 1.0},  # warm-up
+        {"step": 1, "time/step": 2.0, "throughput/tokens_per_s": 100.0},
+        {"step": 2, "time/step": 9.0, "throughput/tokens_per_s": 90.0},
+        {"step": 3, "time/step": 3.0, "throughput/tokens_per_s": 110.0, "time/offload": 0.5},
+        {"step": 4, "time/step": 4.0, "throughput/tokens_per_s": float("nan")},
+    ]
+    # after 1 warm-up step: time/step median of [2, 9, 3, 4] = (3 + 4) / 2 = 3.5;
+    # tokens/s median of [100, 90, 110] (NaN skipped) = 100; time/offload only at step 3 -> 0.5; train/* not summarized
+    assert summarize(history, warmup=1) == {
+        "throughput/tokens_per_s": 100.0,
+        "time/offload": 0.5,
+        "time/step": 3.5,
+    }
+    assert summarize(history, warmup=5) == {}
+    assert summarize(history, warmup=1, prefixes=("train/",)) == {}
+    with pytest.raises(ValueError, match="warmup"):
+        summarize(history, warmup=-1)
