@@ -109,6 +109,8 @@ class AlgorithmConfig:
     name: str = "ppo"
     adv_estimator: str = "gae"
     """`gae`, or `group_norm` for group-normalised returns."""
+    group_size: int = 4
+    """Sub-envs per group for `group_norm` (each episode's return is normalised within its group)."""
     gamma: float = 0.99
     gae_lambda: float = 0.95
     lr: float = 2.5e-4
@@ -128,6 +130,7 @@ class AlgorithmConfig:
     def __post_init__(self) -> None:
         check_choice("algorithm.name", self.name, ("ppo",))
         check_choice("algorithm.adv_estimator", self.adv_estimator, ("gae", "group_norm"))
+        check(self.group_size >= 1, "algorithm.group_size", self.group_size, "at least 1")
         check(self.lr > 0, "algorithm.lr", self.lr, "positive")
         check(self.update_epochs >= 1, "algorithm.update_epochs", self.update_epochs, "at least 1")
         check(self.num_minibatches >= 1, "algorithm.num_minibatches", self.num_minibatches, "at least 1")

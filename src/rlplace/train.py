@@ -1,30 +1,87 @@
 """`rlplace-train`: the Hydra entry point. Compose -> typed config -> placement -> runner.
 
 A config or placement that cannot run is refused here, with one line naming the key and value and exit code 2,
-before Ray or any worker starts.
+before Ray or any worker starts. The return value is the sweep metric (env steps/s) for Hydra's sweepers.
 """
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import hydra
-from omegaconf import DictConfig
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlplace.config import ConfigError, register
-from rlplace.placement import PlacementError
-from rlplace.plan import CONF_DIR, fail, print_plan, resolve
+from rlplace.metrics import build_logger, summarize
+from rlplace.placement import HybridComponentPlacement, PlacementError
+from rlplace.plan import CONF_DIR, Plan, fail, resolve
+from rlplace.runners.embodied import EmbodiedRunner
+from rlplace.scheduler import Cluster
+from rlplace.workers import ActorWorker, EnvWorker, RolloutWorker
 
 register()
 
+WARMUP_STEPS = 2
+"""Steps left out of the summary's medians: the first steps pay for process start-up and lazy set-up."""
+
+
+def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
+    """Start the cluster, launch the three worker groups where the placement says, and run the loop."""
+    cfg = plan.cfg
+    wandb = cfg.logger.wandb
+    logger = build_logger(
+        cfg.logger.backend,
+        run_dir,
+        config=resolved_config,
+        project=wandb.project,
+        name=run_dir.name,
+        group=wandb.group,
+        tags=wandb.tags,
+        mode=wandb.mode,
+    )
+    history: list[dict[str, float]] = []
+    try:
+        with Cluster(cfg.cluster) as cluster:
+            placement = HybridComponentPlacement(cfg, cluster)
+            channels = EmbodiedRunner.create_channels(cfg)  # held until the run ends: the queues live as long
+            env = EnvWorker.create_group(cfg).launch(cluster, name="env", placement_strategy=placement.get_strategy("env"))
+            rollout = RolloutWorker.create_group(cfg, env.world_size, placement.get_world_size("actor")).launch(
+                cluster, name="rollout", placement_strategy=placement.get_strategy("rollout")
+            )
+            actor = ActorWorker.create_group(cfg, env.world_size * cfg.rollout.pipeline_stage_num).launch(
+                cluster, name="actor", placement_strategy=placement.get_strategy("actor")
+            )
+            runner = EmbodiedRunner(
+                cfg, actor=actor, rollout=rollout, env=env, placement=placement, run_dir=run_dir, logger=logger,
+                history=history,
+            )
+            runner.init_workers()
+            final = runner.run()
+            del channels
+        summary = summarize(history, WARMUP_STEPS)
+        logger.log_summary({**summary, "final/return_last20": final.get("env/return_last20", math.nan)})
+    finally:
+        logger.close()
+    return final
+
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def main(cfg: DictConfig) -> float:
     try:
         plan = resolve(cfg)
     except (ConfigError, PlacementError) as err:
         fail(str(err))
-    print_plan(plan)
-    print("rlplace: training is not built yet; the plan above is what a run would use.")
-    return None
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    final = train(plan, run_dir, OmegaConf.to_container(cfg, resolve=True))
+    rate = final.get("throughput/env_steps_per_s", math.nan)
+    print(
+        f"rlplace: done: {plan.placement.mode} placement, mean return of the last 20 episodes "
+        f"{final.get('env/return_last20', math.nan):.1f}, {final.get('env/total_steps', 0):.0f} env steps, "
+        f"{rate:.0f} env steps/s (last step); outputs in {run_dir}"
+    )
+    return rate
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Training loops: read top to bottom, identical in every placement mode."""

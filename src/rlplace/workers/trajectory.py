@@ -1,0 +1,71 @@
+"""The unit of data that flows from rollout to actor: one pipeline stream's T steps, in (T, n, ...) tensors.
+
+A stream is the sub-envs of one env worker's pipeline stage. Rollout workers fill one `Trajectory` per stream they
+serve; actor workers merge them by global env index, so the batch the actor trains on is the same whatever the
+split of envs over workers and stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Trajectory:
+    env_indices: Tensor
+    """Global env index of each column, int64 [n]."""
+    obs: Tensor
+    """Observation the action was chosen from, [T, n, obs_dim]."""
+    actions: Tensor
+    """[T, n] (discrete) or [T, n, dim] (continuous, unclipped)."""
+    logprobs: Tensor
+    """Log-probability of the action under the behaviour policy, [T, n]."""
+    values: Tensor
+    """Critic value of obs, [T, n]."""
+    rewards: Tensor
+    """Reward received for the action, [T, n]."""
+    dones: Tensor
+    """Whether obs[t] is the first observation of a new episode (CleanRL's `done`), [T, n]."""
+    last_value: Tensor
+    """Critic value of the observation after the last step, [n] (bootstraps GAE)."""
+    last_done: Tensor
+    """Whether that observation starts a new episode, [n]."""
+
+    @staticmethod
+    def allocate(num_steps: int, env_indices: Tensor, obs_dim: int, action_shape: tuple[int, ...]) -> Trajectory:
+        """Pre-allocated buffers for `num_steps` steps of the given envs, filled in place by the rollout."""
+        n = len(env_indices)
+        return Trajectory(
+            env_indices=env_indices.clone(),
+            obs=torch.zeros(num_steps, n, obs_dim),
+            actions=torch.zeros((num_steps, n, *action_shape)),
+            logprobs=torch.zeros(num_steps, n),
+            values=torch.zeros(num_steps, n),
+            rewards=torch.zeros(num_steps, n),
+            dones=torch.zeros(num_steps, n),
+            last_value=torch.zeros(n),
+            last_done=torch.zeros(n),
+        )
+
+    @staticmethod
+    def merge(parts: list[Trajectory]) -> Trajectory:
+        """Concatenate streams along the env axis, ordered by global env index."""
+        order = torch.argsort(torch.cat([p.env_indices for p in parts]))
+        merged = {}
+        for f in fields(Trajectory):
+            per_env_axis = 0 if f.name in ("env_indices", "last_value", "last_done") else 1
+            merged[f.name] = torch.cat([getattr(p, f.name) for p in parts], dim=per_env_axis).index_select(
+                per_env_axis, order
+            )
+        return Trajectory(**merged)
+
+    def columns(self, start: int, end: int) -> Trajectory:
+        """The envs in positions [start, end) of this trajectory (an actor rank's data-parallel shard)."""
+        picked = {}
+        for f in fields(Trajectory):
+            value = getattr(self, f.name)
+            picked[f.name] = value[start:end] if f.name in ("env_indices", "last_value", "last_done") else value[:, start:end]
+        return Trajectory(**picked)
