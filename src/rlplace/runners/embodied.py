@@ -19,32 +19,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import ray
-
 from rlplace import checkpoint
 from rlplace.config import TrainConfig
 from rlplace.envs import EpisodeStats
 from rlplace.metrics import MetricLogger, PhaseTimer, Timeline, TrainingProgress, throughput_metrics
 from rlplace.placement import ComponentPlacement
-from rlplace.scheduler import Channel, GroupFuture, WorkerGroup
+from rlplace.scheduler import Channel, WorkerGroup, wait_all
 from rlplace.workers.streams import ACTION_CHANNEL, OBS_CHANNEL, TRAJECTORY_CHANNEL
-
-def wait_all(*futures: GroupFuture) -> list[list[Any]]:
-    """Wait for several group calls that depend on each other (e.g. both ends of a channel) and fail fast.
-
-    Waiting on them one after another would hang when a later one fails while an earlier one blocks on it.
-    """
-    while True:
-        for future in futures:
-            if future.done() and future._error is not None:  # noqa: SLF001
-                future.wait()
-        if all(future.done() for future in futures):
-            return [future.wait() for future in futures]
-        refs = [ref for future in futures for ref in future.refs]
-        _, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0)
-        if not_ready:
-            ray.wait(not_ready, num_returns=1, timeout=0.5)
-
 
 RETURN_WINDOW = 20
 """`env/return_last20`: the mean return of the last this many finished episodes (CartPole is solved at 475)."""

@@ -1,0 +1,166 @@
+"""Scheduler micro-benchmarks: what a driver call, a channel item and a group-to-group tensor cost.
+
+Each figure stands next to a baseline that bounds it (raw `ray.put`/`ray.get`, a local memcpy), so the table shows
+the scheduler's overhead rather than the machine's speed. Runs an embedded Ray with 2 logical cpu devices; on a
+machine with NVIDIA GPUs it adds CUDA IPC (two processes on one GPU) and NCCL (two GPUs) rows.
+
+    .venv/bin/python benchmarks/scheduler_bench.py
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ray
+import torch
+
+from rlplace.placement.placement import Placement
+from rlplace.scheduler import Channel, Cluster, Worker
+
+MB = 1 << 20
+
+
+@dataclass
+class ClusterCfg:
+    num_nodes: int = 1
+    num_devices_per_node: int = 2
+    device_type: str = "cpu"
+    address: str | None = None
+    cpus_per_device: int | None = None
+    dashboard: bool = False
+    namespace: str | None = None
+
+
+class Bench(Worker):
+    def noop(self) -> None:
+        """Nothing: the call round trip alone."""
+
+    def send_repeatedly(self, nbytes: int, count: int, group: str, device: str) -> float:
+        """Send `count` tensors of `nbytes` after one warm-up transfer; seconds taken by the `count`."""
+        tensor = torch.ones(nbytes // 4, device=device)
+        self.send(tensor, group, 0)
+        start = time.perf_counter()
+        for _ in range(count):
+            self.send(tensor, group, 0)
+        return time.perf_counter() - start
+
+    def recv_repeatedly(self, count: int, group: str) -> None:
+        for _ in range(count + 1):
+            self.recv(group, 0)
+
+
+def ranks(local_devices: list[int]) -> list[Placement]:
+    """One rank per entry, all on node 0; entry i is rank i's local device."""
+    n = len(local_devices)
+    return [
+        Placement(rank=i, world_size=n, node_rank=0, devices=(d,), local_devices=(d,), local_rank=i, local_world_size=n)
+        for i, d in enumerate(local_devices)
+    ]
+
+
+def timed(function: Callable[[], object], repeat: int) -> float:
+    """Seconds per call, after one warm-up call."""
+    function()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        function()
+    return (time.perf_counter() - start) / repeat
+
+
+Row = tuple[str, str, str, str, str, str]
+
+
+def round_trips(cluster: Cluster) -> list[Row]:
+    rows = []
+    for devices, repeat in (([0], 300), ([0, 1] * 4, 100)):
+        group = Bench.create_group().launch(cluster, name=f"echo{len(devices)}", placement_strategy=ranks(devices))
+        seconds = timed(lambda group=group: group.noop().wait(), repeat)
+        rate = f"{1 / seconds:,.0f} calls/s"
+        rows.append(("driver -> group call", f"{len(devices)} rank(s)", rate, f"{seconds * 1e6:,.0f} us/call", "", ""))
+        group.terminate()
+    return rows
+
+
+def channel_throughput() -> list[Row]:
+    rows = []
+    cases = [
+        ("small dict", {"step": 1, "reward": 0.5}, 300),
+        ("1 MB tensor", torch.ones(MB // 4), 100),
+        ("64 MB tensor", torch.ones(64 * MB // 4), 5),
+    ]
+    channel = Channel.create("bench")
+    for label, item, repeat in cases:
+        nbytes = item.numel() * item.element_size() if isinstance(item, torch.Tensor) else 0
+
+        def through_channel(item: object = item) -> None:
+            channel.put(item)
+            channel.get()
+
+        def raw(item: object = item) -> None:
+            ray.get(ray.put(item))
+
+        seconds, baseline = timed(through_channel, repeat), timed(raw, repeat)
+        rate, baseline_rate = f"{1 / seconds:,.0f} items/s", f"ray.put+get: {1 / baseline:,.0f} items/s"
+        rows.append(("channel put+get", label, rate, gbps(nbytes, seconds), baseline_rate, gbps(nbytes, baseline)))
+    channel.close()
+    return rows
+
+
+def transfers(cluster: Cluster, device: str, sender_device: int, receiver_device: int, label: str) -> list[Row]:
+    """One rank sends tensors to one rank of another group; baseline: cloning the tensor in the driver."""
+    sender = Bench.create_group().launch(cluster, name=f"tx-{label}", placement_strategy=ranks([sender_device]))
+    receiver = Bench.create_group().launch(cluster, name=f"rx-{label}", placement_strategy=ranks([receiver_device]))
+    rows = []
+    for nbytes, count in ((MB, 50), (64 * MB, 5)):
+        received = receiver.recv_repeatedly(count, sender.name)
+        seconds = sender.send_repeatedly(nbytes, count, receiver.name, device).wait()[0] / count
+        received.wait()
+        tensor = torch.ones(nbytes // 4, device=device)
+        baseline = timed(tensor.clone, 4 * count)
+        rate = f"{1 / seconds:,.0f} sends/s"
+        payload = f"{nbytes // MB} MB tensor"
+        rows.append((f"send ({label})", payload, rate, gbps(nbytes, seconds), "torch clone", gbps(nbytes, baseline)))
+    sender.terminate()
+    receiver.terminate()
+    return rows
+
+
+def gbps(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / seconds / 1e9:.2f} GB/s" if nbytes else ""
+
+
+def print_table(rows: list[Row]) -> None:
+    header = ("case", "payload", "rate", "throughput", "baseline", "baseline throughput")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print(" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def main() -> None:
+    start = time.perf_counter()
+    rows: list[Row] = []
+    with Cluster(ClusterCfg()) as cluster:
+        rows += channel_throughput()  # first: exiting worker processes of the other cases would slow it down
+        rows += round_trips(cluster)
+        rows += transfers(cluster, "cpu", 0, 1, "gloo")
+    notes = []
+    if torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+        with Cluster(ClusterCfg(device_type="gpu", num_devices_per_node=gpus)) as cluster:
+            rows += transfers(cluster, "cuda", 0, 0, "CUDA IPC, one GPU")
+            if gpus >= 2:
+                rows += transfers(cluster, "cuda", 0, 1, "NCCL, two GPUs")
+            else:
+                notes.append("NCCL row skipped: needs two GPUs")
+    else:
+        notes.append("CUDA IPC and NCCL rows skipped: no GPU on this machine")
+    print_table(rows)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"({time.perf_counter() - start:.0f} s, {torch.get_num_threads()} torch threads in the driver)")
+
+
+if __name__ == "__main__":
+    main()

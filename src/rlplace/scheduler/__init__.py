@@ -1,0 +1,62 @@
+"""rlplace.scheduler: the only layer that talks to Ray.
+
+`Cluster` holds the Ray cluster and its devices; `Worker` subclasses are launched as `WorkerGroup`s whose method
+calls fan out to every rank and return a `GroupFuture` (`wait_all` waits on several at once); `Channel` queues
+data between groups; `Worker.send`, `Worker.recv` and `Worker.broadcast` move tensors between groups; `@timer`
+records where the time went.
+
+    with Cluster(cfg.cluster) as cluster:
+        actor = ActorWorker.create_group(cfg).launch(cluster, name="actor", placement_strategy=strategy)
+        losses = actor.run_training().wait()  # one result per rank
+
+The torch-dependent names are imported on first use (PEP 562): Ray starts a process for every channel and
+rendezvous actor, and importing this package there must not pull in torch (a second and a few hundred MB per
+process). The light modules (errors, timer) are imported at once; this also keeps the name `timer` bound to the
+decorator rather than to its module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from rlplace.scheduler.errors import ChannelTimeout, ClusterError, WorkerError
+from rlplace.scheduler.timer import timer
+
+if TYPE_CHECKING:
+    from rlplace.scheduler.channel import Channel
+    from rlplace.scheduler.cluster import Cluster
+    from rlplace.scheduler.future import GroupFuture, wait_all
+    from rlplace.scheduler.group import WorkerGroup, WorkerGroupSpec, per_rank
+    from rlplace.scheduler.worker import Worker
+
+_MODULE_OF = {
+    "Channel": "channel",
+    "Cluster": "cluster",
+    "GroupFuture": "future",
+    "Worker": "worker",
+    "WorkerGroup": "group",
+    "WorkerGroupSpec": "group",
+    "per_rank": "group",
+    "wait_all": "future",
+}
+__all__ = [
+    "Channel",
+    "ChannelTimeout",
+    "Cluster",
+    "ClusterError",
+    "GroupFuture",
+    "Worker",
+    "WorkerError",
+    "WorkerGroup",
+    "WorkerGroupSpec",
+    "per_rank",
+    "timer",
+    "wait_all",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)

@@ -1,0 +1,289 @@
+"""`Cluster`: the Ray cluster a run holds, seen as `num_nodes` x `num_devices_per_node` devices.
+
+It starts an embedded single-node Ray (the default), attaches to a running cluster (`address`), or uses the Ray
+this process already runs in (a Hydra Ray launcher job), and in every case checks that the cluster has the declared
+nodes and devices before anything is launched. Nodes get stable ranks (the driver's node first, then by IP and node
+id) so placements mean the same node every run. On a cpu cluster each logical device owns a disjoint set of its
+node's CPU cores (`cores_of`). Shutting down tears down every worker group, then the Ray this cluster started, so a
+run leaves no processes behind, also after an exception or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ipaddress
+import logging
+import os
+import socket
+import uuid
+from typing import Any, Protocol
+
+import ray
+import ray._private.ray_constants as ray_constants
+from ray.actor import ActorHandle
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from rlplace.scheduler.errors import ClusterError
+from rlplace.scheduler.group import WorkerGroup, terminate_groups
+from rlplace.scheduler.rendezvous import create_rendezvous
+
+RAY_EXIT_S = 5.0
+"""How long Ray's own processes get to exit after `ray.shutdown()` before they are killed."""
+
+
+class ClusterConfig(Protocol):
+    """The cluster fields `Cluster` reads (rlplace.config.ClusterConfig, or a DictConfig with them)."""
+
+    num_nodes: int
+    num_devices_per_node: int
+    device_type: str
+    address: str | None
+    cpus_per_device: int | None
+    dashboard: bool
+    namespace: str | None
+
+
+class Cluster:
+    """The run's Ray cluster: node ranks, node IPs, and the CPU cores of each logical device.
+
+    Use it as a context manager, or call `shutdown()`; it also shuts down at interpreter exit.
+    """
+
+    def __init__(self, cfg: ClusterConfig) -> None:
+        if cfg.device_type not in ("cpu", "gpu"):
+            raise ClusterError(f"cluster.device_type must be 'cpu' or 'gpu', got {cfg.device_type!r}")
+        if cfg.num_nodes < 1 or cfg.num_devices_per_node < 1:
+            shape = f"{cfg.num_nodes} x {cfg.num_devices_per_node}"
+            raise ClusterError(f"need at least 1 node and 1 device per node, got {shape}")
+        self.num_nodes = cfg.num_nodes
+        self.num_devices_per_node = cfg.num_devices_per_node
+        self.device_type = cfg.device_type
+        self.rendezvous_name = f"rlplace.rendezvous.{uuid.uuid4().hex[:8]}"
+        self._groups: list[WorkerGroup] = []
+        self._rendezvous: ActorHandle | None = None
+        self._owns_connection = False  # this object called ray.init, so it calls ray.shutdown
+        self._started_ray = False  # ... and that ray.init started Ray's processes here
+        self._closed = False
+
+        if ray.is_initialized():
+            where = "the Ray this process is connected to"
+        elif cfg.address is None:
+            if cfg.num_nodes > 1:
+                raise ClusterError(
+                    f"an embedded local Ray has one node, but cluster.num_nodes={cfg.num_nodes}: "
+                    "start a multi-node Ray cluster and set cluster.address"
+                )
+            _start_local_ray(cfg)
+            self._owns_connection = self._started_ray = True
+            where = "the embedded local Ray"
+        else:
+            _attach(cfg)
+            self._owns_connection = True
+            where = f"the Ray cluster at {cfg.address!r}"
+        atexit.register(self.shutdown)
+        try:
+            self._nodes = _rank_nodes(where, cfg)
+            node_cores = self._find_node_cores() if self.device_type == "cpu" else []
+            self._device_cores = [
+                split_cores(cores, cfg.num_devices_per_node, cfg.cpus_per_device) for cores in node_cores
+            ]
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.num_devices_per_node
+
+    @property
+    def node_ids(self) -> list[str]:
+        """Ray node ids, by node rank."""
+        return [node["NodeID"] for node in self._nodes]
+
+    def node_ip(self, node_rank: int) -> str:
+        return self._nodes[node_rank]["NodeManagerAddress"]
+
+    def cores_of(self, node_rank: int, local_device: int) -> tuple[int, ...]:
+        """The CPU cores owned by logical device `local_device` of node `node_rank` (cpu clusters only)."""
+        if self.device_type != "cpu":
+            raise ClusterError("cores_of is defined for device_type='cpu' clusters, whose devices are CPU cores")
+        return self._device_cores[node_rank][local_device]
+
+    def free_port(self, node_rank: int) -> int:
+        """A TCP port that is free now on node `node_rank` (for MASTER_PORT)."""
+        if self.node_ids[node_rank] == ray.get_runtime_context().get_node_id():
+            return _free_port()
+        return ray.get(_on_node(_free_port, self.node_ids[node_rank]))
+
+    @property
+    def rendezvous(self) -> ActorHandle:
+        """The actor through which this cluster's workers find each other for tensor transfers."""
+        if self._rendezvous is None:
+            self._rendezvous = create_rendezvous(self.rendezvous_name, self.node_ids[0])
+        return self._rendezvous
+
+    def check_group_name(self, name: str) -> None:
+        """Refuse a launch on a shut-down cluster, or under the name of a running group."""
+        if self._closed:
+            raise ClusterError(f"cannot launch group {name!r}: the cluster was shut down")
+        if any(group.name == name and not group.terminated for group in self._groups):
+            raise ValueError(f"a worker group named {name!r} is already running on this cluster")
+
+    def add_group(self, group: WorkerGroup) -> None:
+        """Track a launched group so that `shutdown` tears it down."""
+        self._groups.append(group)
+
+    def shutdown(self) -> None:
+        """Terminate every worker group (gracefully, then by force), then disconnect from Ray, stopping it if it
+        was started here and killing any of its processes still alive after `RAY_EXIT_S`. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+        try:
+            terminate_groups(self._groups)
+            if self._rendezvous is not None:
+                ray.kill(self._rendezvous)  # when this process stays connected (a Hydra Ray launcher job)
+        finally:
+            if self._owns_connection:
+                leftovers = _ray_processes() if self._started_ray else []
+                ray.shutdown()
+                _kill_survivors(leftovers, RAY_EXIT_S)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.num_nodes} nodes x {self.num_devices_per_node} {self.device_type} devices)"
+
+    def _find_node_cores(self) -> list[list[int]]:
+        """Each node's usable CPU cores (its affinity mask), asked of a tiny task on every other node."""
+        here = ray.get_runtime_context().get_node_id()
+        remote = {i: _on_node(_usable_cores, node_id) for i, node_id in enumerate(self.node_ids) if node_id != here}
+        return [_usable_cores() if i not in remote else ray.get(remote[i]) for i in range(self.num_nodes)]
+
+
+def _start_local_ray(cfg: ClusterConfig) -> None:
+    """Start a single-node Ray for this process only: loopback address, own namespace, quiet logs.
+
+    Ray replaces 127.0.0.1 by the machine's routable IP on Linux unless its cluster mode is off, which is only
+    read at start-up; it is switched off for the duration of `ray.init`, so nothing listens for other machines.
+    """
+    enable_cluster = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(
+            address="local",
+            include_dashboard=cfg.dashboard,
+            namespace=cfg.namespace or f"rlplace-{uuid.uuid4().hex[:8]}",
+            logging_level=logging.ERROR,
+            _node_ip_address="127.0.0.1",
+        )
+    except Exception as error:
+        raise ClusterError(f"could not start an embedded local Ray: {error}") from error
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = enable_cluster
+
+
+def _attach(cfg: ClusterConfig) -> None:
+    try:
+        ray.init(address=cfg.address, namespace=cfg.namespace, logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise ClusterError(f"could not attach to the Ray cluster at {cfg.address!r}: {error}") from error
+
+
+def _rank_nodes(where: str, cfg: ClusterConfig) -> list[dict[str, Any]]:
+    """The first `num_nodes` nodes able to host `num_devices_per_node` devices, in stable rank order.
+
+    A gpu node must have that many GPUs; a cpu node needs CPUs. The driver's node comes first (it is usually the
+    head), then the head node, then nodes by IP and node id.
+    """
+    resource = "GPU" if cfg.device_type == "gpu" else "CPU"
+    needed = cfg.num_devices_per_node if cfg.device_type == "gpu" else 1
+    alive = [node for node in ray.nodes() if node["Alive"]]
+    usable = [node for node in alive if node["Resources"].get(resource, 0) >= needed]
+    driver = ray.get_runtime_context().get_node_id()
+
+    def rank_key(node: dict[str, Any]) -> tuple[Any, ...]:
+        is_head = "node:__internal_head__" in node["Resources"]
+        return node["NodeID"] != driver, not is_head, _ip_key(node["NodeManagerAddress"]), node["NodeID"]
+
+    usable.sort(key=rank_key)
+    if len(usable) < cfg.num_nodes:
+        found = ", ".join(f"{n['NodeManagerAddress']} ({n['Resources'].get(resource, 0):g} {resource})" for n in alive)
+        raise ClusterError(
+            f"{where} cannot hold {cfg.num_nodes} node(s) x {cfg.num_devices_per_node} {cfg.device_type} device(s): "
+            f"{len(usable)} node(s) have at least {needed} {resource}; alive nodes: {found or 'none'}"
+        )
+    return usable[: cfg.num_nodes]
+
+
+def _ip_key(ip: str) -> tuple[int, int, str]:
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return (9, 0, ip)
+    return (address.version, int(address), ip)
+
+
+def split_cores(cores: list[int], num_devices: int, cpus_per_device: int | None) -> list[tuple[int, ...]]:
+    """The cores of each logical device of a node: consecutive runs of `cpus_per_device` cores.
+
+    None splits the cores evenly (at least one each); with more devices than cores, devices wrap round-robin and
+    share. An explicit `cpus_per_device` that does not fit is refused, since devices would silently share cores.
+    """
+    per_device = cpus_per_device or max(1, len(cores) // num_devices)
+    if cpus_per_device is not None and cpus_per_device * num_devices > len(cores):
+        raise ClusterError(
+            f"cluster.cpus_per_device={cpus_per_device} x {num_devices} devices needs "
+            f"{cpus_per_device * num_devices} cores, but a node has {len(cores)}: {cores}"
+        )
+    return [
+        tuple(cores[(device * per_device + i) % len(cores)] for i in range(per_device)) for device in range(num_devices)
+    ]
+
+
+def _usable_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def _on_node(function: Any, node_id: str) -> ray.ObjectRef:
+    """Run a small function on one node, without asking Ray for a CPU."""
+    task = ray.remote(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))(function)
+    return task.remote()
+
+
+def _ray_processes() -> list[Any]:
+    """The Ray processes this process started (GCS, raylet, agents) and their children (the workers)."""
+    import psutil  # Ray vendors psutil in ray/thirdparty_files, which `import ray` puts on sys.path
+
+    ray_dir = os.path.dirname(ray.__file__)
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if any(ray_dir in part for part in child.cmdline()):
+                found += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return found
+
+
+def _kill_survivors(processes: list[Any], timeout: float) -> None:
+    """Wait up to `timeout` for `processes` (psutil.Process) to exit, then kill the rest."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            continue

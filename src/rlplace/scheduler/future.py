@@ -1,0 +1,120 @@
+"""`GroupFuture`: the pending results of one method called on several ranks of a worker group.
+
+Waiting rank by rank with `ray.get` would hang when one rank dies while the others block on it (in a collective, a
+channel, a barrier). `wait()` instead returns as soon as any rank fails and translates Ray's exceptions into a
+`WorkerError` naming group, rank and method, with the remote traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayError, RayTaskError
+
+from rlplace.scheduler.errors import WorkerError
+
+_POLL_S = 0.5
+"""Longest single `ray.wait`, so a waiting driver still reacts to Ctrl-C promptly."""
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class GroupFuture:
+    """Results of `method` on `ranks`, in that order; one Ray ObjectRef per rank (`refs`)."""
+
+    def __init__(self, group: str, method: str, ranks: Sequence[int], refs: Sequence[ray.ObjectRef]) -> None:
+        self.group = group
+        self.method = method
+        self.ranks = tuple(ranks)
+        self.refs = tuple(refs)
+        self._results: dict[int, Any] = {}
+        self._error: WorkerError | None = None
+
+    def done(self) -> bool:
+        """True once every rank finished, or any rank failed (then `wait()` raises at once)."""
+        self._collect(timeout=0)
+        return self._error is not None or len(self._results) == len(self.refs)
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        """Block until every called rank returned; their results, in the order of `ranks`.
+
+        Raises `WorkerError` for the first rank found failed (exception or dead process), without waiting for the
+        others, and `TimeoutError` when `timeout` seconds pass first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._collect(timeout=_POLL_S if remaining is None else min(_POLL_S, remaining))
+            if self._error is not None:
+                raise self._error
+            if len(self._results) == len(self.refs):
+                return [self._results[i] for i in range(len(self.refs))]
+            if remaining == 0.0:
+                pending = [rank for i, rank in enumerate(self.ranks) if i not in self._results]
+                raise TimeoutError(
+                    f"group {self.group!r}: {self.method}() not finished on ranks {pending} after {timeout:g} s"
+                )
+
+    def _collect(self, timeout: float) -> None:
+        """Fetch the results that are ready, waiting up to `timeout` for the first one."""
+        pending = [ref for i, ref in enumerate(self.refs) if i not in self._results]
+        if not pending or self._error is not None:
+            return
+        ready, _ = ray.wait(pending, num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+        errors = {}
+        for ref in ready:  # fetch every ready result, so that no failure goes unretrieved (Ray would log it)
+            index = self.refs.index(ref)
+            try:
+                self._results[index] = ray.get(ref)
+            except RayError as error:
+                errors[index] = error
+        if errors:
+            first = min(errors)
+            self._error = self._translate(self.ranks[first], errors[first])
+
+    def _translate(self, rank: int, error: RayError) -> WorkerError:
+        if isinstance(error, RayTaskError):
+            traceback = _ANSI.sub("", str(error))
+            return WorkerError(self.group, rank, self.method, "raised an exception", traceback, error.cause)
+        if isinstance(error, RayActorError) and error.actor_init_failed:
+            traceback = _ANSI.sub("", str(error))
+            return WorkerError(self.group, rank, self.method, "failed: the worker's __init__ raised", traceback)
+        if isinstance(error, RayActorError):
+            detail = _ANSI.sub("", str(error)).strip().splitlines()
+            reason = "failed: the worker process died"
+            if detail:
+                reason += f" ({' '.join(line.strip() for line in detail[:2])})"
+            return WorkerError(self.group, rank, self.method, reason)
+        return WorkerError(self.group, rank, self.method, f"failed in Ray: {type(error).__name__}: {error}")
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error else f"{len(self._results)}/{len(self.refs)} done"
+        return f"GroupFuture(group={self.group!r}, method={self.method!r}, ranks={list(self.ranks)}, {state})"
+
+
+def wait_all(*futures: GroupFuture, timeout: float | None = None) -> list[list[Any]]:
+    """Wait for several group calls together; their results, one list per future, in the order given.
+
+    Calls that depend on each other (the two ends of a channel, both sides of a transfer) must be waited on
+    together: waiting on them one after another hangs when a later one fails while an earlier one blocks on it.
+    Raises `WorkerError` for the first failure found in any of them, and `TimeoutError` after `timeout` seconds.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        for future in futures:
+            future._collect(timeout=0)
+            if future._error is not None:
+                raise future._error
+        if all(len(future._results) == len(future.refs) for future in futures):
+            return [future.wait() for future in futures]
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if remaining == 0.0:
+            pending = [f"{future.group}.{future.method}()" for future in futures if not future.done()]
+            raise TimeoutError(f"{', '.join(pending)} not finished after {timeout:g} s")
+        pending_refs = [ref for future in futures for i, ref in enumerate(future.refs) if i not in future._results]
+        ray.wait(pending_refs, num_returns=1, timeout=_POLL_S if remaining is None else min(_POLL_S, remaining))

@@ -1,0 +1,275 @@
+"""`WorkerGroup`: the driver's handle on the ranks of one component, and the explicit fan-out of method calls.
+
+`group.method(*args)` calls `method` on every rank and returns one `GroupFuture`; `group.execute_on(0, 2).method()`
+calls a subset; `per_rank([...])` gives each called rank its own argument. Names are resolved in `__getattr__`
+against the worker class's public methods, so a typo fails at the call site with the list of valid methods rather
+than inside a remote process. Launching checks the placements against the cluster before any actor starts, then
+pins one Ray actor per rank to its node; the actors ask Ray for no CPUs or GPUs, because sharing is decided by the
+placement, not by Ray's per-actor resource requests.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import ray
+from ray.actor import ActorClass, ActorHandle
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from rlplace.placement.placement import Placement
+from rlplace.scheduler.context import WorkerContext, worker_env
+from rlplace.scheduler.future import GroupFuture
+
+if TYPE_CHECKING:
+    from rlplace.scheduler.cluster import Cluster
+    from rlplace.scheduler.worker import Worker
+
+GRACEFUL_EXIT_S = 3.0
+"""How long `terminate` lets workers finish their current call and exit before killing them."""
+
+
+_GROUP_ATTRIBUTES = frozenset(
+    {"name", "worker_cls", "placements", "workers", "terminated", "world_size", "execute_on", "terminate"}
+)
+"""WorkerGroup's own attributes; a worker method of the same name could not be called through the group."""
+
+
+class PlacementStrategy(Protocol):
+    """Anything that maps a cluster shape to one `Placement` per rank (rlplace.placement's strategies)."""
+
+    def get_placements(self, num_nodes: int, num_devices_per_node: int) -> list[Placement]: ...
+
+
+@dataclass(frozen=True)
+class PerRank:
+    """An argument that differs per called rank: the i-th called rank gets `values[i]`. Build it with `per_rank`."""
+
+    values: Sequence[Any]
+
+
+def per_rank(values: Sequence[Any]) -> PerRank:
+    """Mark a call argument as one value per called rank, e.g. `group.load(per_rank(shards))`."""
+    return PerRank(list(values))
+
+
+@dataclass(frozen=True)
+class WorkerGroupSpec:
+    """A worker class with its constructor arguments, ready to be launched as a group (`Worker.create_group`)."""
+
+    worker_cls: type[Worker]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def launch(
+        self, cluster: Cluster, name: str, placement_strategy: PlacementStrategy | Sequence[Placement]
+    ) -> WorkerGroup:
+        """Start one actor per placement and return once every rank's `__init__` finished.
+
+        Raises ValueError for placements the cluster cannot hold or a name already in use (before any actor
+        starts), and WorkerError when a rank's `__init__` fails (the group is then torn down).
+        """
+        placements = _resolve_placements(placement_strategy, cluster, name)
+        methods = public_methods(self.worker_cls)
+        shadowed = sorted(methods & _GROUP_ATTRIBUTES)
+        if shadowed:
+            raise TypeError(f"{self.worker_cls.__name__} methods {shadowed} are WorkerGroup attributes; rename them")
+        cluster.check_group_name(name)
+
+        uid = f"{name}-{uuid.uuid4().hex[:8]}"
+        ray.get(cluster.rendezvous.register_group.remote(name, uid, len(placements)))
+        master_addr = cluster.node_ip(placements[0].node_rank)
+        master_port = cluster.free_port(placements[0].node_rank)
+        actor_cls = _actor_class(self.worker_cls)
+        workers = []
+        for placement in placements:
+            context = WorkerContext(
+                group_name=name,
+                group_uid=uid,
+                placement=placement,
+                device_type=cluster.device_type,
+                cores=_cores(cluster, placement),
+                rendezvous=cluster.rendezvous_name,
+            )
+            options = actor_cls.options(
+                num_cpus=0,
+                num_gpus=0,
+                max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(cluster.node_ids[placement.node_rank], soft=False),
+                runtime_env={"env_vars": worker_env(context, master_addr, master_port)},
+            )
+            workers.append(options.remote(*self.args, **self.kwargs))
+
+        group = WorkerGroup(name, self.worker_cls, placements, workers, methods)
+        cluster.add_group(group)
+        ready = [worker.__ray_ready__.remote() for worker in workers]
+        try:
+            GroupFuture(name, "__init__", range(len(workers)), ready).wait()
+        except BaseException:
+            group.terminate()
+            raise
+        return group
+
+
+class WorkerGroup:
+    """The ranks of one launched worker group; every public worker method is callable on it and returns a future.
+
+    `name`, `world_size`, `placements` (one per rank) and `workers` (the Ray actor handles, by rank) describe it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        worker_cls: type[Worker],
+        placements: list[Placement],
+        workers: list[ActorHandle],
+        methods: frozenset[str],
+    ) -> None:
+        self.name = name
+        self.worker_cls = worker_cls
+        self.placements = placements
+        self.workers = workers
+        self.terminated = False
+        self._methods = methods
+
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
+    def execute_on(self, *ranks: int) -> RankSelection:
+        """Address only `ranks`: `group.execute_on(0).save()` calls `save` on rank 0 alone."""
+        bad = [rank for rank in ranks if not 0 <= rank < self.world_size]
+        if not ranks or bad:
+            raise ValueError(f"group {self.name!r} has ranks 0..{self.world_size - 1}; cannot execute on {list(ranks)}")
+        return RankSelection(self, ranks)
+
+    def __getattr__(self, method: str) -> GroupMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return GroupMethod(self, method, range(self.world_size))
+
+    def _call(self, method: str, ranks: Sequence[int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> GroupFuture:
+        """Call `method(*args, **kwargs)` on `ranks`; `PerRank` arguments are split among the called ranks."""
+        if method not in self._methods:
+            raise AttributeError(
+                f"{self.worker_cls.__name__} has no public method {method!r}; "
+                f"group {self.name!r} can call: {', '.join(sorted(self._methods))}"
+            )
+        if self.terminated:
+            raise RuntimeError(f"group {self.name!r} was terminated; cannot call {method}()")
+        refs = []
+        for position, rank in enumerate(ranks):
+            rank_args = tuple(_pick(value, position, len(ranks)) for value in args)
+            rank_kwargs = {key: _pick(value, position, len(ranks)) for key, value in kwargs.items()}
+            refs.append(getattr(self.workers[rank], method).remote(*rank_args, **rank_kwargs))
+        return GroupFuture(self.name, method, ranks, refs)
+
+    def terminate(self, graceful_s: float = GRACEFUL_EXIT_S) -> None:
+        """Let every rank finish its current call and exit, then kill those still alive after `graceful_s`."""
+        terminate_groups([self], graceful_s)
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup(name={self.name!r}, worker={self.worker_cls.__name__}, world_size={self.world_size})"
+
+
+class RankSelection:
+    """Some ranks of a group, from `WorkerGroup.execute_on`; method calls reach only those ranks."""
+
+    def __init__(self, group: WorkerGroup, ranks: Sequence[int]) -> None:
+        self.group = group
+        self.ranks = tuple(ranks)
+
+    def __getattr__(self, method: str) -> GroupMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return GroupMethod(self.group, method, self.ranks)
+
+
+@dataclass(frozen=True)
+class GroupMethod:
+    """A worker method bound to some ranks of a group; calling it calls every one of them."""
+
+    group: WorkerGroup
+    method: str
+    ranks: Sequence[int]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> GroupFuture:
+        return self.group._call(self.method, self.ranks, args, kwargs)
+
+
+def terminate_groups(groups: Sequence[WorkerGroup], graceful_s: float = GRACEFUL_EXIT_S) -> None:
+    """Terminate several groups at once, so their ranks share one graceful period; skips terminated groups."""
+    workers = [worker for group in groups if not group.terminated for worker in group.workers]
+    for group in groups:
+        group.terminated = True
+    exits = [worker.__ray_terminate__.remote() for worker in workers]
+    if exits:
+        ray.wait(exits, num_returns=len(exits), timeout=graceful_s)
+    for worker in workers:
+        ray.kill(worker, no_restart=True)
+
+
+def public_methods(worker_cls: type) -> frozenset[str]:
+    """The names a group forwards: plain (sync or async) methods without a leading underscore.
+
+    Class methods (such as `create_group`), static methods and properties stay driver-side or worker-side.
+    """
+    return frozenset(
+        name
+        for name in dir(worker_cls)
+        if not name.startswith("_") and inspect.isfunction(inspect.getattr_static(worker_cls, name))
+    )
+
+
+def _pick(value: Any, position: int, count: int) -> Any:
+    if not isinstance(value, PerRank):
+        return value
+    if len(value.values) != count:
+        raise ValueError(f"per_rank got {len(value.values)} values for {count} called ranks")
+    return value.values[position]
+
+
+def _resolve_placements(
+    strategy: PlacementStrategy | Sequence[Placement], cluster: Cluster, name: str
+) -> list[Placement]:
+    """The group's placements, checked against the cluster's shape; errors name the group."""
+    if hasattr(strategy, "get_placements"):
+        placements = list(strategy.get_placements(cluster.num_nodes, cluster.num_devices_per_node))
+    else:
+        placements = list(strategy)
+    problems = []
+    if not placements:
+        problems.append("no placements")
+    if [p.rank for p in placements] != list(range(len(placements))):
+        problems.append(f"ranks must be 0..{len(placements) - 1} in order, got {[p.rank for p in placements]}")
+    for p in placements:
+        if p.world_size != len(placements):
+            problems.append(f"rank {p.rank} has world_size {p.world_size}, expected {len(placements)}")
+        if not 0 <= p.node_rank < cluster.num_nodes:
+            problems.append(f"rank {p.rank} is on node {p.node_rank}, but the cluster has {cluster.num_nodes}")
+        if any(not 0 <= d < cluster.num_devices_per_node for d in p.local_devices):
+            problems.append(
+                f"rank {p.rank} uses local devices {list(p.local_devices)}, "
+                f"but nodes have {cluster.num_devices_per_node}"
+            )
+    if problems:
+        raise ValueError(f"cannot launch group {name!r}: " + "; ".join(problems))
+    return placements
+
+
+def _cores(cluster: Cluster, placement: Placement) -> tuple[int, ...]:
+    """The CPU cores a worker pins to: those of its logical devices on a cpu cluster, none (unpinned) otherwise."""
+    if cluster.device_type != "cpu":
+        return ()
+    cores = (cluster.cores_of(placement.node_rank, device) for device in placement.local_devices)
+    return tuple(sorted({core for device_cores in cores for core in device_cores}))
+
+
+@functools.cache
+def _actor_class(worker_cls: type[Worker]) -> ActorClass:
+    """One Ray actor class per worker class, so Ray exports the class once, not once per launch."""
+    return ray.remote(worker_cls)

@@ -1,0 +1,153 @@
+"""`Worker`: the base class of every component process (actor, rollout, env, ...).
+
+A worker only exists as one rank of a group launched on a cluster: `MyWorker.create_group(cfg).launch(cluster,
+name="actor", placement_strategy=...)`. Its process is set up before the subclass's `__init__` runs: it knows its
+placement, sees only its devices, and on a cpu cluster runs on its devices' cores with as many torch threads, so
+that placement has a real cost. Public methods of a subclass become fan-out calls on its `WorkerGroup`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+from ray.actor import ActorClass
+
+from rlplace.placement.placement import Placement
+from rlplace.scheduler.collective import Payload, Transfers
+from rlplace.scheduler.context import WorkerContext
+from rlplace.scheduler.group import WorkerGroupSpec
+from rlplace.scheduler.timer import TimingRecord
+
+
+class Worker:
+    """One rank of a worker group; subclass it and add public methods.
+
+    Inside a worker: `self.placement`, `self.rank`, `self.world_size`, `self.group_name`, `self.device`, the
+    environment variables RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and
+    CUDA_VISIBLE_DEVICES, and helpers for the data-parallel process group and for tensor transfers to other groups.
+    """
+
+    _context: WorkerContext
+    _timings: list[TimingRecord]
+    _transfers: Transfers
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Worker:
+        self = super().__new__(cls)
+        if issubclass(cls, ActorClass):
+            return self  # `ray.remote(cls)` builds its handle class from the worker class; not a worker process
+        context = WorkerContext.from_env()
+        if context is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+            raise RuntimeError(
+                f"{cls.__name__} is a Worker and runs only as part of a worker group: use "
+                f"{cls.__name__}.create_group(...).launch(cluster, name=..., placement_strategy=...) "
+                f"instead of {cls.__name__}(...)"
+            )
+        self._context = context
+        self._timings = []
+        self._transfers = Transfers(context, self.device)
+        if context.cores:
+            _pin_process(context.cores)
+        return self
+
+    @classmethod
+    def create_group(cls, *args: Any, **kwargs: Any) -> WorkerGroupSpec:
+        """Describe a group of this worker class built with `cls(*args, **kwargs)` on every rank; then `.launch()`."""
+        return WorkerGroupSpec(cls, args, kwargs)
+
+    @property
+    def placement(self) -> Placement:
+        return self._context.placement
+
+    @property
+    def rank(self) -> int:
+        return self._context.placement.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._context.placement.world_size
+
+    @property
+    def group_name(self) -> str:
+        return self._context.group_name
+
+    @property
+    def device(self) -> torch.device:
+        """The worker's first device: `cuda:0` (its first visible GPU) on a gpu cluster, else the CPU."""
+        if self._context.device_type == "gpu" and self._context.placement.local_devices:
+            return torch.device("cuda", 0)
+        return torch.device("cpu")
+
+    def pop_timings(self) -> list[TimingRecord]:
+        """Hand over and forget the records of `@timer` methods called since the last pop."""
+        timings, self._timings = self._timings, []
+        return timings
+
+    def init_process_group(self, timeout_s: float = 300.0) -> None:
+        """Join this group's default torch.distributed process group (gloo on cpu, nccl on gpu), e.g. for DDP."""
+        backend = "gloo"
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            backend = "nccl"
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+
+    def send(self, payload: Payload, dst_group: str, dst_rank: int) -> None:
+        """Send a tensor or a (nested) dict/list of tensors to one rank of another group; it calls `recv`."""
+        self._transfers.send(payload, dst_group, dst_rank)
+
+    def recv(self, src_group: str, src_rank: int) -> Payload:
+        """Receive what rank `src_rank` of `src_group` sends with `send` or `broadcast`."""
+        return self._transfers.recv(src_group, src_rank)
+
+    def broadcast(self, payload: Payload, dst_group: str) -> None:
+        """Send the same payload to every rank of `dst_group` (e.g. weight sync); each of them calls `recv`."""
+        self._transfers.broadcast(payload, dst_group)
+
+    @contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Time a block inside a method, like `@timer` does a whole method: for phases finer than one call
+        (one simulator step, one inference), so the timeline shows when a component computes, not when it waits."""
+        start, tick = time.time(), time.perf_counter()
+        try:
+            yield
+        finally:
+            self._record_timing(name, start, time.perf_counter() - tick)
+
+    def _record_timing(self, name: str, start: float, duration: float) -> None:
+        self._timings.append(
+            TimingRecord(
+                name=name,
+                group=self.group_name,
+                rank=self.rank,
+                start=start,
+                end=start + duration,
+                duration=duration,
+            )
+        )
+
+
+def _pin_process(cores: tuple[int, ...]) -> None:
+    """Run every thread of this process, and the threads it starts later, on `cores`; size torch's pool to them.
+
+    `os.sched_setaffinity(0, ...)` only moves the calling thread, while Ray's threads already run, so each thread
+    of the process is moved; threads started later inherit the affinity of their creator.
+    """
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except ProcessLookupError:
+            continue  # the thread ended meanwhile
+    torch.set_num_threads(len(cores))

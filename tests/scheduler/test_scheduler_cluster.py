@@ -1,0 +1,36 @@
+"""Cluster checks that need no running Ray: how logical devices split a node's cores, and refused configs."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from rlplace.scheduler import Cluster, ClusterError
+from rlplace.scheduler.cluster import split_cores
+from tests.scheduler.helpers import ClusterCfg
+
+
+def test_cores_split_evenly_between_logical_devices() -> None:
+    assert split_cores([0, 1, 2, 3, 4], num_devices=2, cpus_per_device=None) == [(0, 1), (2, 3)]
+    assert split_cores([4, 5, 6, 7], num_devices=4, cpus_per_device=None) == [(4,), (5,), (6,), (7,)]
+
+
+def test_more_devices_than_cores_wrap_round_robin() -> None:
+    assert split_cores([0, 1], num_devices=5, cpus_per_device=None) == [(0,), (1,), (0,), (1,), (0,)]
+
+
+def test_explicit_cores_per_device_must_fit_the_node() -> None:
+    assert split_cores([0, 1, 2, 3], num_devices=2, cpus_per_device=1) == [(0,), (1,)]
+    with pytest.raises(ClusterError, match=r"cpus_per_device=3 x 2 devices needs 6 cores, but a node has 4"):
+        split_cores([0, 1, 2, 3], num_devices=2, cpus_per_device=3)
+
+
+def test_embedded_ray_refuses_several_nodes_before_starting() -> None:
+    with pytest.raises(ClusterError, match="embedded local Ray has one node, but cluster.num_nodes=2"):
+        Cluster(ClusterCfg(num_nodes=2))
+    assert not ray.is_initialized()
+
+
+def test_unknown_device_type_is_refused() -> None:
+    with pytest.raises(ClusterError, match="device_type must be 'cpu' or 'gpu', got 'tpu'"):
+        Cluster(ClusterCfg(device_type="tpu"))

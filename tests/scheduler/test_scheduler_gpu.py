@@ -1,0 +1,112 @@
+"""GPU paths of the scheduler: CUDA_VISIBLE_DEVICES per rank, CUDA IPC on one GPU, NCCL between GPUs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlplace.scheduler import Cluster, Worker, WorkerGroup
+from tests.scheduler.helpers import ClusterCfg, on_devices
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
+
+
+def payload(device: torch.device) -> dict[str, Any]:
+    return {
+        "weight": torch.arange(4096, dtype=torch.float32, device=device).reshape(64, 64),
+        "bias": torch.ones(64, dtype=torch.bfloat16, device=device),
+        "cpu_step": torch.tensor([5]),
+        "version": 2,
+    }
+
+
+class GpuPeer(Worker):
+    def visible(self) -> tuple[str, int, str]:
+        return os.environ["CUDA_VISIBLE_DEVICES"], torch.cuda.device_count(), str(self.device)
+
+    def send_payload(self, group: str, rank: int) -> None:
+        self.send(payload(self.device), group, rank)
+
+    def broadcast_payload(self, group: str) -> None:
+        self.broadcast(payload(self.device), group)
+
+    def recv_payload(self, group: str, rank: int) -> dict[str, Any]:
+        received = self.recv(group, rank)
+        assert received["weight"].device == self.device and received["cpu_step"].device.type == "cpu"
+        return {key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in received.items()}
+
+    def all_reduce(self) -> float:
+        self.init_process_group()
+        tensor = torch.ones(1, device=self.device)
+        dist.all_reduce(tensor)
+        return tensor.item()
+
+
+def assert_payload(received: dict[str, Any]) -> None:
+    expected = payload(torch.device("cpu"))
+    assert received.keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.equal(received[key], value) if isinstance(value, torch.Tensor) else received[key] == value
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with Cluster(ClusterCfg(device_type="gpu", num_devices_per_node=torch.cuda.device_count())) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def same_gpu(cluster: Cluster) -> Iterator[tuple[WorkerGroup, WorkerGroup]]:
+    """Two groups whose ranks all share GPU 0, as in a collocated placement."""
+    count = cluster.num_devices_per_node
+    actor = GpuPeer.create_group().launch(
+        cluster, name="actor", placement_strategy=on_devices((0,), devices_per_node=count)
+    )
+    rollout = GpuPeer.create_group().launch(
+        cluster, name="rollout", placement_strategy=on_devices((0,), (0,), devices_per_node=count)
+    )
+    yield actor, rollout
+    actor.terminate()
+    rollout.terminate()
+
+
+def test_each_rank_sees_only_its_gpu(same_gpu: tuple[WorkerGroup, WorkerGroup]) -> None:
+    _, rollout = same_gpu
+    assert rollout.visible().wait(timeout=60) == [("0", 1, "cuda:0"), ("0", 1, "cuda:0")]
+
+
+def test_cuda_ipc_between_processes_on_one_gpu(same_gpu: tuple[WorkerGroup, WorkerGroup]) -> None:
+    actor, rollout = same_gpu
+    received = rollout.execute_on(1).recv_payload("actor", 0)
+    actor.send_payload("rollout", 1).wait(timeout=120)
+    assert_payload(received.wait(timeout=120)[0])
+    received = rollout.recv_payload("actor", 0)
+    actor.broadcast_payload("rollout").wait(timeout=120)
+    for rank_received in received.wait(timeout=120):
+        assert_payload(rank_received)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_nccl_between_gpus_and_mixed_broadcast(cluster: Cluster) -> None:
+    count = cluster.num_devices_per_node
+    actor = GpuPeer.create_group().launch(
+        cluster, name="actor2", placement_strategy=on_devices((0,), devices_per_node=count)
+    )
+    rollout = GpuPeer.create_group().launch(
+        cluster, name="rollout2", placement_strategy=on_devices((1,), (0,), devices_per_node=count)
+    )
+    received = rollout.execute_on(0).recv_payload("actor2", 0)
+    actor.send_payload("rollout2", 0).wait(timeout=120)  # GPU 0 -> GPU 1: NCCL
+    assert_payload(received.wait(timeout=120)[0])
+    received = rollout.recv_payload("actor2", 0)
+    actor.broadcast_payload("rollout2").wait(timeout=120)  # NCCL to rank 0, CUDA IPC to rank 1
+    for rank_received in received.wait(timeout=120):
+        assert_payload(rank_received)
+    assert GpuPeer.create_group().launch(
+        cluster, name="ddp", placement_strategy=on_devices((0,), (1,), devices_per_node=count)
+    ).all_reduce().wait(timeout=120) == [2.0, 2.0]

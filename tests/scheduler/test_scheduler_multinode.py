@@ -1,0 +1,101 @@
+"""Attaching to a multi-node Ray (`ray.cluster_utils.Cluster`: 2 nodes x 2 GPUs, faked as resources) and pinning
+each rank to its node, with the right local devices and environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster as RayTestCluster
+
+from rlplace.placement.placement import Placement
+from rlplace.scheduler import Cluster, ClusterError, Worker
+from tests.scheduler.helpers import ClusterCfg, on_devices
+
+
+class Where(Worker):
+    def where(self) -> dict[str, Any]:
+        names = ("RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "CUDA_VISIBLE_DEVICES")
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "env": {name: os.environ[name] for name in names},
+            "device": str(self.device),
+            "cores": sorted(os.sched_getaffinity(0)),
+        }
+
+
+def two_per_node() -> list[Placement]:
+    """Four ranks, one per device, node-major: rank r on node r // 2, local device r % 2."""
+    return [
+        Placement(
+            rank=r,
+            world_size=4,
+            node_rank=r // 2,
+            devices=(r,),
+            local_devices=(r % 2,),
+            local_rank=r % 2,
+            local_world_size=2,
+        )
+        for r in range(4)
+    ]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayTestCluster]:
+    nodes = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
+    nodes.add_node(num_cpus=2, num_gpus=2)
+    nodes.wait_for_nodes()
+    yield nodes
+    nodes.shutdown()
+
+
+def test_ranks_land_on_their_nodes_with_their_gpus(ray_cluster: RayTestCluster) -> None:
+    cfg = ClusterCfg(num_nodes=2, num_devices_per_node=2, device_type="gpu", address=ray_cluster.address)
+    with Cluster(cfg) as cluster:
+        assert cluster.node_ids[0] == ray_cluster.head_node.node_id  # the driver's (head) node is node 0
+        group = Where.create_group().launch(cluster, name="where", placement_strategy=two_per_node())
+        for rank, seen in enumerate(group.where().wait(timeout=60)):
+            node_rank, local = divmod(rank, 2)
+            assert seen["node_id"] == cluster.node_ids[node_rank]
+            assert seen["env"] == {
+                "RANK": str(rank),
+                "NODE_RANK": str(node_rank),
+                "LOCAL_RANK": str(local),
+                "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": cluster.node_ip(0),
+                "CUDA_VISIBLE_DEVICES": str(local),  # Ray, asked for no GPU, leaves it alone
+            }
+            assert seen["device"] == "cuda:0"
+    assert not ray.is_initialized()  # disconnected, while the cluster itself keeps running for the next test
+
+
+def test_cpu_devices_of_a_remote_node_own_its_cores(ray_cluster: RayTestCluster) -> None:
+    cfg = ClusterCfg(num_nodes=2, num_devices_per_node=2, address=ray_cluster.address)
+    with Cluster(cfg) as cluster:
+        placements = on_devices((0,), (1,), node_rank=1)
+        group = Where.create_group().launch(cluster, name="where", placement_strategy=placements)
+        for local, seen in enumerate(group.where().wait(timeout=60)):
+            assert seen["node_id"] == cluster.node_ids[1]
+            assert seen["cores"] == list(cluster.cores_of(1, local))  # cores asked of node 1 itself
+            assert seen["env"]["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_attaching_refuses_a_cluster_smaller_than_declared(ray_cluster: RayTestCluster) -> None:
+    with pytest.raises(ClusterError, match=r"cannot hold 3 node\(s\) x 2 cpu device\(s\): 2 node\(s\) have"):
+        Cluster(ClusterCfg(num_nodes=3, num_devices_per_node=2, address=ray_cluster.address))
+    with pytest.raises(ClusterError, match=r"cannot hold 2 node\(s\) x 4 gpu device\(s\): 0 node\(s\) have at least 4"):
+        Cluster(ClusterCfg(num_nodes=2, num_devices_per_node=4, device_type="gpu", address=ray_cluster.address))
+    assert not ray.is_initialized()  # a refused attach disconnects again
+
+
+def test_inside_an_initialised_ray_the_cluster_uses_it_and_leaves_it_connected(ray_cluster: RayTestCluster) -> None:
+    ray.init(address=ray_cluster.address)  # as in a Hydra Ray launcher job
+    try:
+        with Cluster(ClusterCfg(num_nodes=2, num_devices_per_node=2, address=None)) as cluster:
+            assert cluster.node_ids[0] == ray_cluster.head_node.node_id
+        assert ray.is_initialized()
+    finally:
+        ray.shutdown()

@@ -1,0 +1,71 @@
+"""Ending a driver normally, by an exception, or by Ctrl-C leaves no Ray process behind.
+
+Each driver runs in its own subprocess with its own embedded Ray, so this test process's Ray is not involved; the
+three run at once to share the start-up time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray  # noqa: F401  (puts Ray's vendored psutil on sys.path)
+
+ROOT = Path(__file__).resolve().parents[2]
+MODES = ("exit", "error", "interrupt")
+
+
+@pytest.fixture(scope="module")
+def drivers() -> Iterator[dict[str, subprocess.Popen[str]]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = str(Path(__file__).with_name("driver_script.py"))
+    running = {
+        mode: subprocess.Popen(
+            [sys.executable, script, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        )
+        for mode in MODES
+    }
+    yield running
+    for process in running.values():
+        if process.poll() is None:
+            process.kill()
+
+
+def alive(processes: list[tuple[int, float]]) -> list[int]:
+    """The pids among `processes` (pid, create time) still running: not gone, not a zombie, not a reused pid."""
+    import psutil
+
+    running = []
+    for pid, created in processes:
+        try:
+            process = psutil.Process(pid)
+            if process.create_time() == created and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return running
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_driver_end_leaves_no_ray_process(drivers: dict[str, subprocess.Popen[str]], mode: str) -> None:
+    driver = drivers[mode]
+    started = json.loads(driver.stdout.readline() or "[]")
+    assert started, driver.stderr.read()
+    if mode == "interrupt":
+        time.sleep(0.5)  # let it block in wait()
+        driver.send_signal(signal.SIGINT)
+    _, stderr = driver.communicate(timeout=60)
+    expected = {"exit": "", "error": "RuntimeError: the driver failed", "interrupt": "KeyboardInterrupt"}[mode]
+    assert expected in stderr
+    assert (driver.returncode == 0) == (mode == "exit"), stderr
+    deadline = time.monotonic() + 10
+    while alive(started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive(started) == []

@@ -1,0 +1,227 @@
+"""Worker groups on a real embedded Ray: placement and environment per rank, fan-out and futures, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from rlplace.placement.placement import Placement
+from rlplace.scheduler import Cluster, Worker, WorkerError, WorkerGroup, per_rank, timer, wait_all
+from tests.scheduler.helpers import on_devices
+
+ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class Probe(Worker):
+    """Reports what a rank sees, and sleeps or fails on demand."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def env(self) -> dict[str, str | None]:
+        names = (*ENV_NAMES, "CUDA_VISIBLE_DEVICES", "RLPLACE_LOCAL_DEVICES", "OMP_NUM_THREADS")
+        return {name: os.environ.get(name) for name in names}
+
+    def affinity(self) -> tuple[list[list[int]], int]:
+        """The CPU affinity of every thread of the process, and torch's thread count."""
+        threads = [sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")]
+        return threads, torch.get_num_threads()
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "group": self.group_name,
+            "placement": self.placement,
+            "device": str(self.device),
+            "tag": self.tag,
+        }
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def echo(self, value: Any) -> tuple[int, Any]:
+        return self.rank, value
+
+    def sleep(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+    @timer("step")
+    def step(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+    def fail_on(self, rank: int) -> int:
+        if self.rank == rank:
+            raise ValueError(f"rank {rank} refuses")
+        return self.rank
+
+    def _helper(self) -> None:
+        """Private: not callable through the group."""
+
+
+class Broken(Worker):
+    def __init__(self) -> None:
+        raise RuntimeError("missing config")
+
+
+class Clashing(Worker):
+    def terminate(self) -> None:
+        """Would be shadowed by WorkerGroup.terminate."""
+
+
+class FixedStrategy:
+    """The smallest placement strategy: the same placements whatever the cluster."""
+
+    def __init__(self, placements: list[Placement]) -> None:
+        self.placements = placements
+
+    def get_placements(self, num_nodes: int, num_devices_per_node: int) -> list[Placement]:
+        return self.placements
+
+
+@pytest.fixture(scope="module")
+def probe(cluster: Cluster) -> Iterator[WorkerGroup]:
+    """Ranks 0 and 1 on one logical device each, rank 2 on both devices."""
+    strategy = FixedStrategy(on_devices((0,), (1,), (0, 1)))
+    yield Probe.create_group("t").launch(cluster, name="probe", placement_strategy=strategy)
+
+
+def test_each_rank_gets_its_environment(probe: WorkerGroup) -> None:
+    envs = probe.env().wait()
+    assert [env["RANK"] for env in envs] == ["0", "1", "2"]
+    assert {env["WORLD_SIZE"] for env in envs} == {"3"}
+    assert {env["LOCAL_WORLD_SIZE"] for env in envs} == {"3"}
+    assert {env["NODE_RANK"] for env in envs} == {"0"}
+    assert {env["MASTER_ADDR"] for env in envs} == {"127.0.0.1"}  # the embedded Ray is bound to loopback
+    assert len({env["MASTER_PORT"] for env in envs}) == 1
+    assert [env["RLPLACE_LOCAL_DEVICES"] for env in envs] == ["0", "1", "0,1"]
+    assert {env["CUDA_VISIBLE_DEVICES"] for env in envs} == {""}  # logical cpu devices are no CUDA devices
+    assert [env["OMP_NUM_THREADS"] for env in envs] == ["1", "1", "2"]
+
+
+def test_each_rank_is_pinned_to_its_devices_cores(cluster: Cluster, probe: WorkerGroup) -> None:
+    expected = [cluster.cores_of(0, 0), cluster.cores_of(0, 1), cluster.cores_of(0, 0) + cluster.cores_of(0, 1)]
+    for (threads, num_threads), cores in zip(probe.affinity().wait(), expected, strict=True):
+        assert all(thread == sorted(cores) for thread in threads)  # every thread, not only the calling one
+        assert num_threads == len(cores)
+
+
+def test_worker_knows_its_placement(probe: WorkerGroup) -> None:
+    identities = probe.identity().wait()
+    assert [i["placement"] for i in identities] == probe.placements
+    assert {(i["world_size"], i["group"], i["device"], i["tag"]) for i in identities} == {(3, "probe", "cpu", "t")}
+    assert probe.world_size == 3 and probe.name == "probe" and len(probe.workers) == 3
+
+
+def test_wait_returns_results_in_rank_order_and_done_polls(probe: WorkerGroup) -> None:
+    future = probe.sleep(0.5)
+    assert not future.done()
+    assert future.wait(timeout=30) == [0, 1, 2]
+    assert future.done()
+
+
+def test_wait_times_out_without_losing_results(probe: WorkerGroup) -> None:
+    future = probe.sleep(1.0)
+    with pytest.raises(TimeoutError, match=r"group 'probe': sleep\(\) not finished"):
+        future.wait(timeout=0.1)
+    assert future.wait(timeout=30) == [0, 1, 2]
+
+
+def test_execute_on_calls_a_subset_with_per_rank_arguments(probe: WorkerGroup) -> None:
+    assert probe.execute_on(2, 0).echo(per_rank(["a", "b"])).wait() == [(2, "a"), (0, "b")]
+    assert probe.echo("same").wait() == [(0, "same"), (1, "same"), (2, "same")]
+    with pytest.raises(ValueError, match="per_rank got 2 values for 3 called ranks"):
+        probe.echo(per_rank([1, 2]))
+    with pytest.raises(ValueError, match="cannot execute on"):
+        probe.execute_on(3)
+
+
+def test_unknown_or_private_methods_raise_attribute_error(probe: WorkerGroup) -> None:
+    with pytest.raises(
+        AttributeError, match=r"Probe has no public method 'nope'; group 'probe' can call: affinity, .*, echo, env"
+    ):
+        probe.nope()
+    with pytest.raises(AttributeError):
+        probe._helper()
+    with pytest.raises(AttributeError, match="no public method 'create_group'"):
+        probe.create_group()  # a class method stays on the driver
+    with pytest.raises(AttributeError, match="no public method 'rank'"):
+        probe.execute_on(0).rank()  # a property stays in the worker
+
+
+def test_constructing_a_worker_directly_is_refused() -> None:
+    with pytest.raises(RuntimeError, match=r"Probe\.create_group\(\.\.\.\)\.launch\(cluster"):
+        Probe("direct")
+
+
+def test_worker_exception_names_group_rank_method_and_remote_traceback(probe: WorkerGroup) -> None:
+    with pytest.raises(WorkerError) as caught:
+        probe.fail_on(1).wait(timeout=30)
+    error = caught.value
+    assert (error.group, error.rank, error.method) == ("probe", 1, "fail_on")
+    assert "group 'probe' rank 1: fail_on() raised" in str(error)
+    assert 'in fail_on\n    raise ValueError(f"rank {rank} refuses")' in str(error)
+    assert isinstance(error.cause, ValueError)
+    assert probe.echo(1).wait() == [(0, 1), (1, 1), (2, 1)]  # a failed call leaves the group usable
+
+
+def test_wait_all_fails_fast_across_futures(probe: WorkerGroup) -> None:
+    assert wait_all(probe.echo("a"), probe.execute_on(1).echo("b")) == [[(0, "a"), (1, "a"), (2, "a")], [(1, "b")]]
+    slow, failing = probe.execute_on(0).sleep(2.0), probe.execute_on(1).fail_on(1)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="group 'probe' rank 1: fail_on"):
+        wait_all(slow, failing, timeout=30)
+    assert time.monotonic() - start < 2.0  # did not wait for the sleeping rank
+    assert slow.wait(timeout=30) == [0]
+
+
+def test_timer_records_are_drained_by_the_driver(probe: WorkerGroup) -> None:
+    probe.pop_timings().wait()
+    before = time.time()
+    probe.step(0.05).wait()
+    records = [record for rank_records in probe.pop_timings().wait() for record in rank_records]
+    assert [(r["name"], r["group"], r["rank"]) for r in records] == [("step", "probe", rank) for rank in range(3)]
+    for record in records:
+        assert before <= record["start"] < record["end"] <= time.time()
+        assert 0.05 <= record["duration"] == pytest.approx(record["end"] - record["start"], abs=1e-5)
+    assert probe.pop_timings().wait() == [[], [], []]
+
+
+def test_sigkilled_worker_is_reported_dead_within_30s(cluster: Cluster) -> None:
+    victim = Probe.create_group("v").launch(cluster, name="victim", placement_strategy=on_devices((0,), (1,)))
+    pids = victim.pid().wait()
+    future = victim.sleep(60)
+    time.sleep(0.5)
+    start = time.monotonic()
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(WorkerError, match=r"group 'victim' rank 1: sleep\(\) failed: the worker process died"):
+        future.wait(timeout=30)  # rank 0 is still sleeping: wait() must not wait for it
+    assert time.monotonic() - start < 30
+    victim.terminate(graceful_s=0)
+
+
+def test_launch_checks_placements_before_starting_anything(cluster: Cluster, probe: WorkerGroup) -> None:
+    wrong_node = on_devices((0,), node_rank=1)
+    with pytest.raises(ValueError, match="group 'bad': rank 0 is on node 1, but the cluster has 1"):
+        Probe.create_group("x").launch(cluster, name="bad", placement_strategy=wrong_node)
+    with pytest.raises(ValueError, match=r"rank 0 uses local devices \[2\], but nodes have 2"):
+        Probe.create_group("x").launch(cluster, name="bad", placement_strategy=on_devices((2,)))
+    with pytest.raises(ValueError, match="ranks must be 0..1 in order"):
+        Probe.create_group("x").launch(cluster, name="bad", placement_strategy=on_devices((0,), (1,))[::-1])
+    with pytest.raises(ValueError, match="a worker group named 'probe' is already running"):
+        Probe.create_group("x").launch(cluster, name="probe", placement_strategy=on_devices((0,)))
+    with pytest.raises(TypeError, match=r"Clashing methods \['terminate'\] are WorkerGroup attributes"):
+        Clashing.create_group().launch(cluster, name="clash", placement_strategy=on_devices((0,)))
+
+
+def test_failing_init_is_reported_at_launch(cluster: Cluster) -> None:
+    with pytest.raises(WorkerError, match=r"(?s)group 'broken' rank 0: __init__\(\) failed.*missing config"):
+        Broken.create_group().launch(cluster, name="broken", placement_strategy=on_devices((0,)))
