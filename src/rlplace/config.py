@@ -80,6 +80,8 @@ class TaskConfig:
     """Sub-environments across all env workers; split evenly over env processes and pipeline stages."""
     max_episode_steps: int | None = None
     """Episode cap; None keeps the environment's own."""
+    solved_return: float | None = None
+    """Mean return over the last 20 episodes at which the task counts as solved; None: never."""
 
     def __post_init__(self) -> None:
         check(self.total_num_envs >= 1, "task.total_num_envs", self.total_num_envs, "at least 1")
@@ -194,15 +196,15 @@ class WeightSyncConfig:
 class RunnerConfig:
     """The training loop."""
 
-    max_steps: int = 40
+    max_steps: int = 150
     """Training steps (each: sync weights, generate, advantages, train, record)."""
     seed: int = 1
     save_interval: int = 0
     """Checkpoint every this many steps; 0 saves only at the end."""
     resume: str | None = None
     """None starts fresh; `auto` continues the newest checkpoint of the run folder; or a checkpoint path."""
-    stop_return: float | None = None
-    """Stop early once the mean return of the last 20 episodes reaches this; None runs all max_steps."""
+    stop_when_solved: bool = True
+    """Stop before max_steps once the last 20 episodes reach task.solved_return."""
 
 
 @dataclass

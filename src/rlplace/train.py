@@ -46,7 +46,9 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
         with Cluster(cfg.cluster) as cluster:
             placement = HybridComponentPlacement(cfg, cluster)
             channels = EmbodiedRunner.create_channels(cfg)  # held until the run ends: the queues live as long
-            env = EnvWorker.create_group(cfg).launch(cluster, name="env", placement_strategy=placement.get_strategy("env"))
+            env = EnvWorker.create_group(cfg).launch(
+                cluster, name="env", placement_strategy=placement.get_strategy("env")
+            )
             rollout = RolloutWorker.create_group(cfg, env.world_size, placement.get_world_size("actor")).launch(
                 cluster, name="rollout", placement_strategy=placement.get_strategy("rollout")
             )
@@ -54,7 +56,13 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
                 cluster, name="actor", placement_strategy=placement.get_strategy("actor")
             )
             runner = EmbodiedRunner(
-                cfg, actor=actor, rollout=rollout, env=env, placement=placement, run_dir=run_dir, logger=logger,
+                cfg,
+                actor=actor,
+                rollout=rollout,
+                env=env,
+                placement=placement,
+                run_dir=run_dir,
+                logger=logger,
                 history=history,
             )
             runner.init_workers()
@@ -75,11 +83,11 @@ def main(cfg: DictConfig) -> float:
         fail(str(err))
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     final = train(plan, run_dir, OmegaConf.to_container(cfg, resolve=True))
-    rate = final.get("throughput/env_steps_per_s", math.nan)
+    rate = final.get("run/env_steps_per_s", math.nan)
     print(
         f"rlplace: done: {plan.placement.mode} placement, mean return of the last 20 episodes "
-        f"{final.get('env/return_last20', math.nan):.1f}, {final.get('env/total_steps', 0):.0f} env steps, "
-        f"{rate:.0f} env steps/s (last step); outputs in {run_dir}"
+        f"{final.get('env/return_last20', math.nan):.1f} after {final.get('env/total_steps', 0):.0f} env steps, "
+        f"{rate:.0f} env steps/s over the run; outputs in {run_dir}"
     )
     return rate
 

@@ -59,8 +59,16 @@ def hybrid_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_run_writes_metrics_timeline_and_checkpoints(hybrid_run: Path) -> None:
     rows = metrics(hybrid_run)
     assert [row["step"] for row in rows] == [0, 1, 2]
-    for key in ("time/step", "time/generate_rollouts", "time/training", "throughput/env_steps_per_s",
-                "throughput/env_steps_per_s_per_device", "util/device_0/busy_frac", "train/policy_loss", "env/return_last20"):
+    for key in (
+        "time/step",
+        "time/generate_rollouts",
+        "time/training",
+        "throughput/env_steps_per_s",
+        "throughput/env_steps_per_s_per_device",
+        "util/device_0/busy_frac",
+        "train/policy_loss",
+        "env/return_last20",
+    ):
         assert key in rows[-1], key
     trace = json.loads((hybrid_run / "timeline.json").read_text())
     names = {event["name"] for event in trace["traceEvents"] if event["ph"] == "X"}
@@ -81,9 +89,15 @@ def test_placement_changes_speed_never_results(hybrid_run: Path, tmp_path: Path)
 def test_env_and_rollout_pipeline_across_devices(hybrid_run: Path) -> None:
     trace = json.loads((hybrid_run / "timeline.json").read_text())
     spans = [
-        {"name": e["name"], "group": e["args"]["group"], "rank": e["args"]["rank"],
-         "start": e["ts"] / 1e6, "end": (e["ts"] + e["dur"]) / 1e6}
-        for e in trace["traceEvents"] if e["ph"] == "X" and e["name"] in ("env_step", "rollout_infer")
+        {
+            "name": e["name"],
+            "group": e["args"]["group"],
+            "rank": e["args"]["rank"],
+            "start": e["ts"] / 1e6,
+            "end": (e["ts"] + e["dur"]) / 1e6,
+        }
+        for e in trace["traceEvents"]
+        if e["ph"] == "X" and e["name"] in ("env_step", "rollout_infer")
     ]
     timeline = Timeline({})
     timeline.extend(spans)

@@ -94,9 +94,10 @@ class EmbodiedRunner:
         print(f"rlplace: resumed from {resume} at step {self.start_step}")
 
     def run(self) -> dict[str, float]:
-        """Train `runner.max_steps` steps (or until `runner.stop_return`); returns the last step's metrics."""
+        """Train `runner.max_steps` steps, or until the task is solved; returns the last step's metrics."""
         cfg = self.cfg.runner
         metrics: dict[str, float] = {}
+        start, steps_before = time.perf_counter(), self.total_env_steps
         with TrainingProgress(cfg.max_steps) as progress:
             progress.update(self.start_step)
             for step in range(self.start_step, cfg.max_steps):
@@ -110,11 +111,12 @@ class EmbodiedRunner:
                 if done:
                     break
         self.timeline.write(self.run_dir / "timeline.json")
+        metrics["run/env_steps_per_s"] = (self.total_env_steps - steps_before) / (time.perf_counter() - start)
         return metrics
 
     def _solved(self) -> bool:
-        stop = self.cfg.runner.stop_return
-        return stop is not None and len(self.recent_returns) == RETURN_WINDOW and self.mean_return() >= stop
+        stop = self.cfg.task.solved_return
+        return self.cfg.runner.stop_when_solved and stop is not None and len(self.recent_returns) == RETURN_WINDOW and self.mean_return() >= stop
 
     def mean_return(self) -> float:
         return statistics.fmean(self.recent_returns) if self.recent_returns else float("nan")

@@ -26,7 +26,9 @@ class TransferRecord:
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 and self.bytes else 0.0
 
 
-def _tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> list[tuple[object, str, torch.Tensor]]:
+def _tensors(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> list[tuple[object, str, torch.Tensor]]:
     """Every (owner, attribute-or-key, tensor) that lives on the device: parameters, grads, optimizer state."""
     found: list[tuple[object, str, torch.Tensor]] = []
     for param in module.parameters():

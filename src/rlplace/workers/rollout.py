@@ -56,7 +56,9 @@ class RolloutWorker(Worker):
         `step * num_steps + t`, a global env-step counter. Returns the number of env steps served.
         """
         if self.version != version:
-            raise StaleWeightsError(f"rollout rank {self.rank} holds weights v{self.version}, asked to act with v{version}")
+            raise StaleWeightsError(
+                f"rollout rank {self.rank} holds weights v{self.version}, asked to act with v{version}"
+            )
         num_steps = self.cfg.rollout.num_steps
         buffers = [
             Trajectory.allocate(num_steps, torch.arange(s.start, s.end), self.obs_dim, self.action_shape)
@@ -74,7 +76,9 @@ class RolloutWorker(Worker):
                     traj.last_done = done
                     continue
                 with self.span("rollout_infer"):
-                    noise = uniform_noise(self.cfg.runner.seed, traj.env_indices, step * num_steps + t, self.model.noise_dim)
+                    noise = uniform_noise(
+                        self.cfg.runner.seed, traj.env_indices, step * num_steps + t, self.model.noise_dim
+                    )
                     action, logprob, value = self.model.act(obs.to(self.device), noise.to(self.device))
                     action, logprob, value = action.cpu(), logprob.cpu(), value.cpu()
                 self.action_channel.put(action.numpy(), key=stream.key)
@@ -92,4 +96,3 @@ class RolloutWorker(Worker):
     @timer("onload")
     def onload(self) -> int:
         return move(self.model, None, self.device).bytes
-

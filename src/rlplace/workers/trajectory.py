@@ -67,5 +67,7 @@ class Trajectory:
         picked = {}
         for f in fields(Trajectory):
             value = getattr(self, f.name)
-            picked[f.name] = value[start:end] if f.name in ("env_indices", "last_value", "last_done") else value[:, start:end]
+            picked[f.name] = (
+                value[start:end] if f.name in ("env_indices", "last_value", "last_done") else value[:, start:end]
+            )
         return Trajectory(**picked)
