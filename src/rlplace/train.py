@@ -6,11 +6,13 @@ before Ray or any worker starts. The return value is the sweep metric (env steps
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from rlplace.config import ConfigError, register
@@ -23,6 +25,8 @@ from rlplace.workers import ActorWorker, EnvWorker, RolloutWorker
 
 register()
 
+RUN_INFO = "run.json"
+"""What the sweep report needs to label a run: its mode, pipeline stages and device budget."""
 WARMUP_STEPS = 2
 """Steps left out of the summary's medians: the first steps pay for process start-up and lazy set-up."""
 
@@ -36,12 +40,14 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
         run_dir,
         config=resolved_config,
         project=wandb.project,
-        name=run_dir.name,
+        name=f"{plan.placement.mode}-stages{cfg.rollout.pipeline_stage_num}-{run_dir.name}",
         group=wandb.group,
-        tags=wandb.tags,
+        tags=[*wandb.tags, plan.placement.mode, f"stages{cfg.rollout.pipeline_stage_num}"],
         mode=wandb.mode,
     )
     history: list[dict[str, float]] = []
+    run_info = {"mode": plan.placement.mode, "stages": cfg.rollout.pipeline_stage_num, "num_devices": plan.placement.num_devices}
+    (run_dir / RUN_INFO).write_text(json.dumps(run_info))
     try:
         with Cluster(cfg.cluster) as cluster:
             placement = HybridComponentPlacement(cfg, cluster)
@@ -76,12 +82,18 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
-def main(cfg: DictConfig) -> float:
+def main(cfg: DictConfig) -> float | None:
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         plan = resolve(cfg)
     except (ConfigError, PlacementError) as err:
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            # One combination of a sweep that this cluster cannot hold: skip it, keep sweeping.
+            print(f"rlplace: skipping job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}): {err}")
+            (run_dir / "skipped.txt").write_text(f"{err}\n")
+            return None
         fail(str(err))
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
     final = train(plan, run_dir, OmegaConf.to_container(cfg, resolve=True))
     rate = final.get("run/env_steps_per_s", math.nan)
     print(
