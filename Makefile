@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 # On a machine without an NVIDIA driver, pin the CPU build of torch that lies on this disk (no download).
 TORCH_PIN := $(if $(shell command -v nvidia-smi 2>/dev/null),,torch==2.13.0)
 
-.PHONY: run test lint install clean
+.PHONY: run test lint sweep install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,6 +21,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The placement-mode sweep on the preset where simulation and policy inference cost about the same; writes the report.
+sweep: $(STAMP)
+	$(VENV)/bin/rlplace-train experiment=halfcheetah_pipeline sweep=placement_modes $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
