@@ -16,8 +16,7 @@ def test_tiny_sweep_writes_report_charts_and_one_wandb_run_per_job(tmp_path: Pat
     result = subprocess.run(
         [
             sys.executable, "-m", "rlplace.train", "sweep=placement_modes",
-            "hydra.sweeper.params.placement=collocated,disaggregated,hybrid",
-            "hydra.sweeper.params.rollout\\.pipeline_stage_num=2",
+            "placement=collocated,disaggregated,hybrid", "rollout.pipeline_stage_num=2",  # narrows the sweep's params
             "task.total_num_envs=4", "rollout.num_steps=8", "algorithm.num_minibatches=2",
             "algorithm.update_epochs=1", "runner.max_steps=3", "logger=wandb", f"hydra.sweep.dir={tmp_path}",
         ],
