@@ -46,7 +46,11 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
         mode=wandb.mode,
     )
     history: list[dict[str, float]] = []
-    run_info = {"mode": plan.placement.mode, "stages": cfg.rollout.pipeline_stage_num, "num_devices": plan.placement.num_devices}
+    run_info = {
+        "mode": plan.placement.mode,
+        "stages": cfg.rollout.pipeline_stage_num,
+        "num_devices": plan.placement.num_devices,
+    }
     (run_dir / RUN_INFO).write_text(json.dumps(run_info))
     try:
         with Cluster(cfg.cluster) as cluster:

@@ -160,3 +160,9 @@ def test_placement_layer_never_imports_ray_or_hydra() -> None:
     code = "import sys, rlplace.placement; print(sorted(m for m in ('ray', 'hydra') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_null_value_removes_a_preset_key() -> None:
+    placement = ComponentPlacement({"actor,env,rollout": None, "actor,rollout": 0, "env": 1}, 1, 2)
+    assert placement.components == ["actor", "rollout", "env"]
+    assert placement.mode == "hybrid"  # actor and rollout share device 0

@@ -115,7 +115,6 @@ def _refused(config: dict, num_nodes: int = 2, per_node: int = 4, required: tupl
         ("0-3:all", "'all' is not valid for process ranks"),
         ("", "the value is empty"),
         ("  ", "the value is empty"),
-        (None, "the value is empty"),
         ("a", "'a' is not a device rank or range"),
         ("-1", "'-1' is not a device rank or range"),
         ("1-", "'1-' is not a device rank or range"),

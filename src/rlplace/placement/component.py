@@ -88,6 +88,8 @@ class ComponentPlacement:
         self._entries: dict[str, _Entry] = {}
 
         for key, value in component_placement.items():
+            if value is None:
+                continue  # `key: null` removes a key a preset set (Hydra merges mappings; it cannot delete keys)
             names = parse_component_key(key)
             for name in names:
                 if name not in KNOWN_COMPONENTS:

@@ -67,8 +67,12 @@ def utilization_chart(results: list[JobResult], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(1.6 * len(results) + 3, 3.5))
     width = 0.8 / max(len(devices), 1)
     for i, key in enumerate(devices):
-        ax.bar([j + i * width for j in range(len(results))], [r.medians.get(key, 0.0) for r in results], width,
-               label=key.split("/")[1])
+        ax.bar(
+            [j + i * width for j in range(len(results))],
+            [r.medians.get(key, 0.0) for r in results],
+            width,
+            label=key.split("/")[1],
+        )
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(results))], [_short(r) for r in results])
     ax.set_ylim(0, 1)
     ax.set_ylabel("busy fraction")

@@ -15,7 +15,14 @@ import yaml
 
 WARMUP_STEPS = 2
 """Steps left out: the first steps pay for process start-up and lazy set-up."""
-PHASES = ("time/sync_weights", "time/generate_rollouts", "time/advantages", "time/training", "time/offload", "time/onload")
+PHASES = (
+    "time/sync_weights",
+    "time/generate_rollouts",
+    "time/advantages",
+    "time/training",
+    "time/offload",
+    "time/onload",
+)
 
 
 @dataclass

@@ -11,8 +11,19 @@ from rich.table import Table
 from rlplace.report import charts
 from rlplace.report.collect import JobResult, baseline_for, collect
 
-COLUMNS = ("job", "mode", "stages", "env steps/s", "spread", "ideal", "vs collocated", "step s", "env s", "rollout s",
-           "train s")
+COLUMNS = (
+    "job",
+    "mode",
+    "stages",
+    "env steps/s",
+    "spread",
+    "ideal",
+    "vs collocated",
+    "step s",
+    "env s",
+    "rollout s",
+    "train s",
+)
 
 
 def rows(results: list[JobResult]) -> list[list[str]]:
@@ -24,11 +35,21 @@ def rows(results: list[JobResult]) -> list[list[str]]:
         base = baseline_for(r, results)
         speedup = r.median_throughput / base.median_throughput if base else math.nan
         m = r.medians
-        out.append([
-            r.job, r.mode, str(r.stages), f"{r.median_throughput:.0f}",
-            f"{min(r.throughput):.0f}-{max(r.throughput):.0f}", f"{r.ideal_throughput:.0f}", f"{speedup:.2f}x",
-            f"{m['time/step']:.3f}", f"{m['time/env']:.3f}", f"{m['time/rollout']:.3f}", f"{m['time/training']:.3f}",
-        ])
+        out.append(
+            [
+                r.job,
+                r.mode,
+                str(r.stages),
+                f"{r.median_throughput:.0f}",
+                f"{min(r.throughput):.0f}-{max(r.throughput):.0f}",
+                f"{r.ideal_throughput:.0f}",
+                f"{speedup:.2f}x",
+                f"{m['time/step']:.3f}",
+                f"{m['time/env']:.3f}",
+                f"{m['time/rollout']:.3f}",
+                f"{m['time/training']:.3f}",
+            ]
+        )
     return out
 
 

@@ -116,7 +116,12 @@ class EmbodiedRunner:
 
     def _solved(self) -> bool:
         stop = self.cfg.task.solved_return
-        return self.cfg.runner.stop_when_solved and stop is not None and len(self.recent_returns) == RETURN_WINDOW and self.mean_return() >= stop
+        return (
+            self.cfg.runner.stop_when_solved
+            and stop is not None
+            and len(self.recent_returns) == RETURN_WINDOW
+            and self.mean_return() >= stop
+        )
 
     def mean_return(self) -> float:
         return statistics.fmean(self.recent_returns) if self.recent_returns else float("nan")
