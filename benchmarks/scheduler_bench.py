@@ -11,26 +11,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import ray
 import torch
 
+from rlplace.config import ClusterConfig
 from rlplace.placement.placement import Placement
 from rlplace.scheduler import Channel, Cluster, Worker
 
 MB = 1 << 20
-
-
-@dataclass
-class ClusterCfg:
-    num_nodes: int = 1
-    num_devices_per_node: int = 2
-    device_type: str = "cpu"
-    address: str | None = None
-    cpus_per_device: int | None = None
-    dashboard: bool = False
-    namespace: str | None = None
 
 
 class Bench(Worker):
@@ -141,14 +130,14 @@ def print_table(rows: list[Row]) -> None:
 def main() -> None:
     start = time.perf_counter()
     rows: list[Row] = []
-    with Cluster(ClusterCfg()) as cluster:
+    with Cluster(ClusterConfig()) as cluster:
         rows += channel_throughput()  # first: exiting worker processes of the other cases would slow it down
         rows += round_trips(cluster)
         rows += transfers(cluster, "cpu", 0, 1, "gloo")
     notes = []
     if torch.cuda.is_available():
         gpus = torch.cuda.device_count()
-        with Cluster(ClusterCfg(device_type="gpu", num_devices_per_node=gpus)) as cluster:
+        with Cluster(ClusterConfig(device_type="gpu", num_devices_per_node=gpus)) as cluster:
             rows += transfers(cluster, "cuda", 0, 0, "CUDA IPC, one GPU")
             if gpus >= 2:
                 rows += transfers(cluster, "cuda", 0, 1, "NCCL, two GPUs")

@@ -6,12 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from rlplace.config import ClusterConfig
 from rlplace.scheduler import Cluster
-from tests.scheduler.helpers import ClusterCfg
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """An embedded single-node Ray with 2 logical cpu devices, for the whole test module."""
-    with Cluster(ClusterCfg()) as running:
+    with Cluster(ClusterConfig()) as running:
         yield running

@@ -10,8 +10,9 @@ import time
 
 import ray
 
+from rlplace.config import ClusterConfig
 from rlplace.scheduler import Cluster, Worker
-from tests.scheduler.helpers import ClusterCfg, on_devices
+from tests.scheduler.helpers import on_devices
 
 
 class Sleeper(Worker):
@@ -25,7 +26,7 @@ class Sleeper(Worker):
 def main(mode: str) -> None:
     import psutil  # vendored by Ray, importable once ray is
 
-    with Cluster(ClusterCfg()) as cluster:
+    with Cluster(ClusterConfig()) as cluster:
         group = Sleeper.create_group().launch(cluster, name="sleepers", placement_strategy=on_devices((0,)))
         worker_pids = group.pid().wait()
         started = [(p.pid, p.create_time()) for p in psutil.Process().children(recursive=True)]

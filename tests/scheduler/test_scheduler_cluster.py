@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import ray
 
+from rlplace.config import ClusterConfig
 from rlplace.scheduler import Cluster, ClusterError
 from rlplace.scheduler.cluster import split_cores
-from tests.scheduler.helpers import ClusterCfg
 
 
 def test_cores_split_evenly_between_logical_devices() -> None:
@@ -27,10 +27,10 @@ def test_explicit_cores_per_device_must_fit_the_node() -> None:
 
 def test_embedded_ray_refuses_several_nodes_before_starting() -> None:
     with pytest.raises(ClusterError, match="embedded local Ray has one node, but cluster.num_nodes=2"):
-        Cluster(ClusterCfg(num_nodes=2))
+        Cluster(ClusterConfig(num_nodes=2))
     assert not ray.is_initialized()
 
 
 def test_unknown_device_type_is_refused() -> None:
     with pytest.raises(ClusterError, match="device_type must be 'cpu' or 'gpu', got 'tpu'"):
-        Cluster(ClusterCfg(device_type="tpu"))
+        Cluster(ClusterConfig(device_type="tpu"))

@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rlplace.config import ClusterConfig
 from rlplace.scheduler import Cluster, Worker, WorkerGroup
-from tests.scheduler.helpers import ClusterCfg, on_devices
+from tests.scheduler.helpers import on_devices
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
@@ -56,7 +57,7 @@ def assert_payload(received: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    with Cluster(ClusterCfg(device_type="gpu", num_devices_per_node=torch.cuda.device_count())) as running:
+    with Cluster(ClusterConfig(device_type="gpu", num_devices_per_node=torch.cuda.device_count())) as running:
         yield running
 
 

@@ -11,9 +11,10 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
+from rlplace.config import ClusterConfig
 from rlplace.placement.placement import Placement
 from rlplace.scheduler import Cluster, ClusterError, Worker
-from tests.scheduler.helpers import ClusterCfg, on_devices
+from tests.scheduler.helpers import on_devices
 
 
 class Where(Worker):
@@ -53,7 +54,7 @@ def ray_cluster() -> Iterator[RayTestCluster]:
 
 
 def test_ranks_land_on_their_nodes_with_their_gpus(ray_cluster: RayTestCluster) -> None:
-    cfg = ClusterCfg(num_nodes=2, num_devices_per_node=2, device_type="gpu", address=ray_cluster.address)
+    cfg = ClusterConfig(num_nodes=2, num_devices_per_node=2, device_type="gpu", address=ray_cluster.address)
     with Cluster(cfg) as cluster:
         assert cluster.node_ids[0] == ray_cluster.head_node.node_id  # the driver's (head) node is node 0
         group = Where.create_group().launch(cluster, name="where", placement_strategy=two_per_node())
@@ -73,7 +74,7 @@ def test_ranks_land_on_their_nodes_with_their_gpus(ray_cluster: RayTestCluster) 
 
 
 def test_cpu_devices_of_a_remote_node_own_its_cores(ray_cluster: RayTestCluster) -> None:
-    cfg = ClusterCfg(num_nodes=2, num_devices_per_node=2, address=ray_cluster.address)
+    cfg = ClusterConfig(num_nodes=2, num_devices_per_node=2, address=ray_cluster.address)
     with Cluster(cfg) as cluster:
         placements = on_devices((0,), (1,), node_rank=1)
         group = Where.create_group().launch(cluster, name="where", placement_strategy=placements)
@@ -85,16 +86,16 @@ def test_cpu_devices_of_a_remote_node_own_its_cores(ray_cluster: RayTestCluster)
 
 def test_attaching_refuses_a_cluster_smaller_than_declared(ray_cluster: RayTestCluster) -> None:
     with pytest.raises(ClusterError, match=r"cannot hold 3 node\(s\) x 2 cpu device\(s\): 2 node\(s\) have"):
-        Cluster(ClusterCfg(num_nodes=3, num_devices_per_node=2, address=ray_cluster.address))
+        Cluster(ClusterConfig(num_nodes=3, num_devices_per_node=2, address=ray_cluster.address))
     with pytest.raises(ClusterError, match=r"cannot hold 2 node\(s\) x 4 gpu device\(s\): 0 node\(s\) have at least 4"):
-        Cluster(ClusterCfg(num_nodes=2, num_devices_per_node=4, device_type="gpu", address=ray_cluster.address))
+        Cluster(ClusterConfig(num_nodes=2, num_devices_per_node=4, device_type="gpu", address=ray_cluster.address))
     assert not ray.is_initialized()  # a refused attach disconnects again
 
 
 def test_inside_an_initialised_ray_the_cluster_uses_it_and_leaves_it_connected(ray_cluster: RayTestCluster) -> None:
     ray.init(address=ray_cluster.address)  # as in a Hydra Ray launcher job
     try:
-        with Cluster(ClusterCfg(num_nodes=2, num_devices_per_node=2, address=None)) as cluster:
+        with Cluster(ClusterConfig(num_nodes=2, num_devices_per_node=2, address=None)) as cluster:
             assert cluster.node_ids[0] == ray_cluster.head_node.node_id
         assert ray.is_initialized()
     finally:

@@ -127,21 +127,21 @@ class EmbodiedRunner:
         return statistics.fmean(self.recent_returns) if self.recent_returns else float("nan")
 
     def step(self, step: int) -> dict[str, float]:
-        version = step
+        """One synchronous step: the rollout acts only with the weights of the previous `step` updates."""
         t0 = time.time()
         with self.timer.phase("step"):
             with self.timer.phase("sync_weights"):
                 if self.offloads["rollout"]:
                     with self.timer.phase("onload"):
                         self.rollout.onload().wait()
-                wait_all(self.actor.sync_weights(version), self.rollout.sync_weights(version))
+                wait_all(self.actor.sync_weights(), self.rollout.sync_weights())
             if self.offloads["actor"]:
                 with self.timer.phase("offload"):
                     self.actor.offload().wait()
             with self.timer.phase("generate_rollouts"):
                 episodes, served, _ = wait_all(
                     self.env.interact(self.cfg.rollout.num_steps),
-                    self.rollout.generate(step, version),
+                    self.rollout.generate(step, version=step),
                     self.actor.recv_rollout_batch(),
                 )
             self._swap_for_training()

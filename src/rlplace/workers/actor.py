@@ -34,6 +34,8 @@ class ActorWorker(Worker):
         self.model.to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algorithm.lr, eps=1e-5)
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
+        self.version = 0
+        """Weight version: the number of PPO updates these weights have had."""
         alg = cfg.algorithm
         self.params = PPOParams(
             update_epochs=alg.update_epochs,
@@ -55,11 +57,12 @@ class ActorWorker(Worker):
             self.init_process_group()
 
     @timer("sync_weights")
-    def sync_weights(self, version: int) -> int:
-        """Rank 0 broadcasts the current weights to every rollout rank, in buckets."""
+    def sync_weights(self) -> int:
+        """Rank 0 broadcasts the current weights and their version to every rollout rank, in buckets."""
         if self.rank == 0:
-            broadcast_weights(self, self.model, dst_group="rollout", bucket_mb=self.cfg.weight_sync.bucket_mb)
-        return version
+            bucket_mb = self.cfg.weight_sync.bucket_mb
+            broadcast_weights(self, self.model, self.version, dst_group="rollout", bucket_mb=bucket_mb)
+        return self.version
 
     def recv_rollout_batch(self) -> int:
         """Collect every stream's trajectory and keep this rank's env columns.
@@ -106,6 +109,7 @@ class ActorWorker(Worker):
         flat = {k: v.to(self.device) for k, v in flat.items()}
         allreduce = self._average_grads if self.world_size > 1 else None
         stats = ppo_update(self.model, self.optimizer, flat, self.params, self.generator, allreduce)
+        self.version += 1
         stats["train/lr"] = self.optimizer.param_groups[0]["lr"]
         return stats
 
@@ -136,6 +140,7 @@ class ActorWorker(Worker):
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
+            "version": self.version,
         }
         torch.save(state, Path(folder) / "actor.pt")
 
@@ -145,3 +150,4 @@ class ActorWorker(Worker):
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
+        self.version = state["version"]

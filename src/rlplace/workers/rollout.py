@@ -42,10 +42,9 @@ class RolloutWorker(Worker):
         self.trajectory_channel = Channel.connect(TRAJECTORY_CHANNEL)
 
     @timer("sync_weights")
-    def sync_weights(self, version: int) -> int:
-        """Receive the actor's weights (broadcast by actor rank 0) and take them as `version`."""
-        receive_weights(self, self.model, src_group="actor")
-        self.version = version
+    def sync_weights(self) -> int:
+        """Receive the actor's weights (broadcast by actor rank 0); returns their version."""
+        self.version = receive_weights(self, self.model, src_group="actor")
         return self.version
 
     @torch.no_grad()

@@ -27,20 +27,21 @@ def buckets(state: dict[str, torch.Tensor], bucket_mb: float) -> list[dict[str, 
     return out
 
 
-def broadcast_weights(worker: Worker, model: torch.nn.Module, dst_group: str, bucket_mb: float) -> int:
-    """Send `model`'s weights to every rank of `dst_group`; returns the number of buckets."""
+def broadcast_weights(worker: Worker, model: torch.nn.Module, version: int, dst_group: str, bucket_mb: float) -> int:
+    """Send `model`'s weights, labelled `version`, to every rank of `dst_group`; returns the number of buckets."""
     parts = buckets(model.state_dict(), bucket_mb)
-    worker.broadcast({"num_buckets": torch.tensor(len(parts))}, dst_group)
+    worker.broadcast({"num_buckets": torch.tensor(len(parts)), "version": torch.tensor(version)}, dst_group)
     for part in parts:
         worker.broadcast(part, dst_group)
     return len(parts)
 
 
 @torch.no_grad()
-def receive_weights(worker: Worker, model: torch.nn.Module, src_group: str) -> None:
-    """Receive what `broadcast_weights` sends from rank 0 of `src_group` and copy it into `model` in place."""
+def receive_weights(worker: Worker, model: torch.nn.Module, src_group: str) -> int:
+    """Receive what `broadcast_weights` sends from rank 0 of `src_group` into `model`, in place; returns its version."""
     header = worker.recv(src_group, 0)
     state = model.state_dict()
     for _ in range(int(header["num_buckets"])):
         for name, tensor in worker.recv(src_group, 0).items():
             state[name].copy_(tensor)
+    return int(header["version"])
