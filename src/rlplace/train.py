@@ -55,7 +55,7 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
     try:
         with Cluster(cfg.cluster) as cluster:
             placement = HybridComponentPlacement(cfg, cluster)
-            channels = EmbodiedRunner.create_channels(cfg)  # held until the run ends: the queues live as long
+            channels = EmbodiedRunner.create_channels(cfg)
             env = EnvWorker.create_group(cfg).launch(
                 cluster, name="env", placement_strategy=placement.get_strategy("env")
             )
@@ -76,8 +76,11 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
                 history=history,
             )
             runner.init_workers()
-            final = runner.run()
-            del channels
+            try:
+                final = runner.run()
+            finally:
+                for channel in channels:  # named actors: free the names for the next run in this Ray
+                    channel.close()
         summary = summarize(history, WARMUP_STEPS)
         logger.log_summary({**summary, "final/return_last20": final.get("env/return_last20", math.nan)})
     finally:

@@ -50,18 +50,38 @@ def test_categorical_inverse_cdf_matches_probabilities() -> None:
     obs = torch.tensor([[0.3, -0.7]]).expand(20_000, 2)
     action, _, _ = model.act(obs, uniform_noise(4, np.arange(20_000), 0, 1))
     freq = torch.bincount(action, minlength=3).float() / 20_000
-    torch.testing.assert_close(freq, model.distribution(obs[:1]).probs[0].detach(), atol=0.015, rtol=0)
+    probs = torch.softmax(model.actor(obs[:1]), dim=-1)[0].detach()
+    assert probs.max() > 0.5 and probs.min() > 0.05
+    torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
 
 
 def test_gaussian_noise_transform() -> None:
     model = MLPActorCritic(3, CONTINUOUS, init_log_std=math.log(0.5))
     obs = torch.zeros(1, 3).expand(50_000, 3)
     action, _, _ = model.act(obs, uniform_noise(2, np.arange(50_000), 7, 2))
-    mean = model.distribution(obs[:1]).mean.detach()
+    mean = model.actor(obs[:1]).detach()
     torch.testing.assert_close(action.mean(0), mean[0], atol=0.01, rtol=0)
     torch.testing.assert_close(action.std(0), torch.full((2,), 0.5), atol=0.01, rtol=0)
     # u = 0.5 gives the mean exactly; the noise is the only randomness.
     torch.testing.assert_close(model.act(obs[:1], torch.full((1, 2), 0.5))[0], mean)
+
+
+@pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS])
+def test_logprob_and_entropy_match_torch_distributions(spec: ActionSpec) -> None:
+    torch.manual_seed(2)
+    model = MLPActorCritic(4, spec, init_log_std=-0.3)
+    obs = torch.randn(6, 4)
+    action, _, _ = model.act(obs, uniform_noise(0, np.arange(6), 1, model.noise_dim))
+    logprob, entropy, _ = model.evaluate(obs, action)
+    out = model.actor(obs)
+    if spec.discrete:
+        dist = torch.distributions.Categorical(logits=out)
+        expected_logprob, expected_entropy = dist.log_prob(action), dist.entropy()
+    else:
+        dist = torch.distributions.Normal(out, model.log_std.exp().expand_as(out))
+        expected_logprob, expected_entropy = dist.log_prob(action).sum(-1), dist.entropy().sum(-1)
+    torch.testing.assert_close(logprob, expected_logprob)
+    torch.testing.assert_close(entropy, expected_entropy)
 
 
 def test_unknown_activation() -> None:

@@ -24,6 +24,7 @@ from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlplace.scheduler.errors import ClusterError
+from rlplace.scheduler.lease import DeviceLease
 from rlplace.scheduler.group import WorkerGroup, terminate_groups
 from rlplace.scheduler.rendezvous import create_rendezvous
 
@@ -64,6 +65,7 @@ class Cluster:
         self._owns_connection = False  # this object called ray.init, so it calls ray.shutdown
         self._started_ray = False  # ... and that ray.init started Ray's processes here
         self._closed = False
+        self._lease: DeviceLease | None = None
 
         if ray.is_initialized():
             where = "the Ray this process is connected to"
@@ -82,6 +84,9 @@ class Cluster:
             where = f"the Ray cluster at {cfg.address!r}"
         atexit.register(self.shutdown)
         try:
+            if not self._started_ray:  # a shared Ray: wait until no other run holds its devices
+                self._lease = DeviceLease()
+                self._lease.acquire()
             self._nodes = _rank_nodes(where, cfg)
             node_cores = self._find_node_cores() if self.device_type == "cpu" else []
             self._device_cores = [
@@ -144,6 +149,8 @@ class Cluster:
             terminate_groups(self._groups)
             if self._rendezvous is not None:
                 ray.kill(self._rendezvous)  # when this process stays connected (a Hydra Ray launcher job)
+            if self._lease is not None:
+                self._lease.release()
         finally:
             if self._owns_connection:
                 leftovers = _ray_processes() if self._started_ray else []
