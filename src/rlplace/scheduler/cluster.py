@@ -24,8 +24,8 @@ from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlplace.scheduler.errors import ClusterError
-from rlplace.scheduler.lease import DeviceLease
 from rlplace.scheduler.group import WorkerGroup, terminate_groups
+from rlplace.scheduler.lease import DeviceLease
 from rlplace.scheduler.rendezvous import create_rendezvous
 
 RAY_EXIT_S = 5.0
