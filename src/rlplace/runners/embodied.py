@@ -130,28 +130,35 @@ class EmbodiedRunner:
         """One synchronous step: the rollout acts only with the weights of the previous `step` updates."""
         t0 = time.time()
         with self.timer.phase("step"):
-            with self.timer.phase("sync_weights"):
-                if self.offloads["rollout"]:
-                    with self.timer.phase("onload"):
-                        self.rollout.onload().wait()
-                wait_all(self.actor.sync_weights(), self.rollout.sync_weights())
-            if self.offloads["actor"]:
-                with self.timer.phase("offload"):
-                    self.actor.offload().wait()
-            with self.timer.phase("generate_rollouts"):
-                episodes, served, _ = wait_all(
-                    self.env.interact(self.cfg.rollout.num_steps),
-                    self.rollout.generate(step, version=step),
-                    self.actor.recv_rollout_batch(),
-                )
-            self._swap_for_training()
-            with self.timer.phase("advantages"):
-                self.actor.compute_advantages_and_returns().wait()
-            with self.timer.phase("training"):
-                train_stats = self.actor.run_training(step).wait()[0]
-        return self._record(step, t0, episodes, sum(served), train_stats)
+            self.update_rollout_weights()
+            episodes, env_steps = self.generate_rollouts(step)
+            self.compute_advantages_and_returns()
+            train_stats = self.run_training(step)
+        return self.record(step, t0, episodes, env_steps, train_stats)
 
-    def _swap_for_training(self) -> None:
+    def update_rollout_weights(self) -> None:
+        with self.timer.phase("sync_weights"):
+            if self.offloads["rollout"]:
+                with self.timer.phase("onload"):
+                    self.rollout.onload().wait()
+            wait_all(self.actor.sync_weights(), self.rollout.sync_weights())
+
+    def generate_rollouts(self, step: int) -> tuple[list[EpisodeStats], int]:
+        """Env, rollout and actor together: observations and actions through two channels, stage by stage, and
+        trajectories into the actor. Returns the finished episodes and the env steps taken."""
+        if self.offloads["actor"]:
+            with self.timer.phase("offload"):
+                self.actor.offload().wait()
+        with self.timer.phase("generate_rollouts"):
+            episodes, served, _ = wait_all(
+                self.env.interact(self.cfg.rollout.num_steps),
+                self.rollout.generate(step, version=step),
+                self.actor.recv_rollout_batch(),
+            )
+        return episodes, sum(served)
+
+    def compute_advantages_and_returns(self) -> None:
+        """Idle generators leave the shared devices to the actor, which then computes advantages on its shard."""
         idle = [group for name, group in (("rollout", self.rollout), ("env", self.env)) if self.offloads[name]]
         if idle:
             with self.timer.phase("offload"):
@@ -159,8 +166,14 @@ class EmbodiedRunner:
         if self.offloads["actor"]:
             with self.timer.phase("onload"):
                 self.actor.onload().wait()
+        with self.timer.phase("advantages"):
+            self.actor.compute_advantages_and_returns().wait()
 
-    def _record(
+    def run_training(self, step: int) -> dict[str, float]:
+        with self.timer.phase("training"):
+            return self.actor.run_training(step).wait()[0]
+
+    def record(
         self, step: int, t0: float, episodes: list[EpisodeStats], env_steps: int, train: dict[str, Any]
     ) -> dict[str, float]:
         t1 = time.time()
