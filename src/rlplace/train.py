@@ -55,7 +55,7 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
     try:
         with Cluster(cfg.cluster) as cluster:
             placement = HybridComponentPlacement(cfg, cluster)
-            channels = EmbodiedRunner.create_channels(cfg)
+            channels = EmbodiedRunner.create_channels()
             env = EnvWorker.create_group(cfg).launch(
                 cluster, name="env", placement_strategy=placement.get_strategy("env")
             )

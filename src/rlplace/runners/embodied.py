@@ -32,6 +32,8 @@ RETURN_WINDOW = 20
 
 
 class EmbodiedRunner:
+    """Drives the env, rollout and actor groups through training steps; owns metrics, timeline and checkpoints."""
+
     def __init__(
         self,
         cfg: TrainConfig,
@@ -59,7 +61,7 @@ class EmbodiedRunner:
         self.checkpoint_root = run_dir / "checkpoints"
 
     @staticmethod
-    def create_channels(cfg: TrainConfig) -> list[Channel]:
+    def create_channels() -> list[Channel]:
         """The three queues of generation; created before the workers, which connect to them by name.
 
         Each env stream has at most one message in flight each way, so a small bound is plenty and catches a
