@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import ray
 
@@ -32,5 +34,7 @@ def test_embedded_ray_refuses_several_nodes_before_starting() -> None:
 
 
 def test_unknown_device_type_is_refused() -> None:
+    # Cluster also takes untyped configs (a DictConfig), which the typed ClusterConfig would have refused earlier.
+    untyped = SimpleNamespace(**{**vars(ClusterConfig()), "device_type": "tpu"})
     with pytest.raises(ClusterError, match="device_type must be 'cpu' or 'gpu', got 'tpu'"):
-        Cluster(ClusterConfig(device_type="tpu"))
+        Cluster(untyped)
