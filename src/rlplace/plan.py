@@ -20,8 +20,13 @@ from rich.console import Console
 from rich.table import Table
 
 from rlplace.config import ConfigError, TrainConfig, register, to_typed
-from rlplace.placement import ComponentPlacement, HybridComponentPlacement, PlacementError
-from rlplace.runners.checks import check_embodied
+from rlplace.placement import (
+    ComponentPlacement,
+    HybridComponentPlacement,
+    ModelParallelComponentPlacement,
+    PlacementError,
+)
+from rlplace.runners.checks import check_embodied, check_reasoning
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 """The Hydra config tree at the repository root (the project installs editable)."""
@@ -40,8 +45,12 @@ class Plan:
 def resolve(cfg: DictConfig) -> Plan:
     """Turn a composed config into a checked plan; raises ConfigError or PlacementError naming key and value."""
     typed = to_typed(cfg)
-    placement = HybridComponentPlacement(typed)
-    check_embodied(typed, placement)
+    if typed.task.is_reasoning:
+        placement: ComponentPlacement = ModelParallelComponentPlacement(typed)
+        check_reasoning(typed, placement)
+    else:
+        placement = HybridComponentPlacement(typed)
+        check_embodied(typed, placement)
     return Plan(typed, placement)
 
 

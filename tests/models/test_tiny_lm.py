@@ -7,7 +7,8 @@ import torch
 
 from rlplace.config import ConfigError
 from rlplace.models.char_tokenizer import CHARACTERS
-from rlplace.models.tiny_lm import TinyLMShape, build_tiny_lm, check_model_folder, load_causal_lm, load_tokenizer
+from rlplace.models.hf_folder import check_model_folder
+from rlplace.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,14 @@
-"""The tiny language model of the reasoning tasks, and the checks every `model.path` goes through.
+"""The tiny language model of the reasoning tasks, and how any model folder is loaded.
 
 `build_tiny_lm` writes a randomly initialised Llama-architecture causal LM with the character tokenizer into an
-ordinary Hugging Face folder (Llama rather than Qwen2 because transformers replaces the tokenizer of a `qwen2`
-folder with Qwen's byte-level one, which would drop the character vocabulary), so the same code path (transformers for training and the hf backend, vLLM for the
-vllm backend) serves it and any real checkpoint such as Qwen2.5-0.5B. Input and output embeddings are untied and
-heads are 32 wide: the shapes vLLM's kernels and weight loader expect of a real model.
+ordinary Hugging Face folder, so the same code path (transformers for training and the hf backend, vLLM for the
+vllm backend) serves it and any real checkpoint such as Qwen2.5-0.5B. Llama rather than Qwen2: transformers gives a
+`qwen2` folder Qwen's byte-level tokenizer whatever the folder holds, which would drop the character vocabulary.
+Input and output embeddings are untied and heads are 32 wide: the shapes vLLM's kernels expect of a real model.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +22,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from rlplace.config import ConfigError
-
 from .char_tokenizer import SPECIAL_TOKENS, build_char_tokenizer
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
-"""A folder holding one of these (next to tokenizer_config.json) carries a tokenizer transformers can load."""
 
 
 @dataclass(frozen=True)
@@ -67,28 +61,6 @@ def build_tiny_lm(folder: str | Path, shape: TinyLMShape = TinyLMShape(), seed: 
     folder = Path(folder)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return folder
-
-
-def check_model_folder(path: str | Path | None, key: str = "model.path") -> Path:
-    """Refuse, naming `key`, a path that is missing or is not a Hugging Face model folder with a tokenizer."""
-    if path is None or str(path) == "":
-        raise ConfigError(f"{key} = {path!r} is invalid: set it to a Hugging Face model folder")
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise ConfigError(f"{key} = {str(path)!r} is invalid: no such folder")
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise ConfigError(f"{key} = {str(path)!r} is invalid: not a Hugging Face model folder (no config.json)")
-    try:
-        json.loads(config_file.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{key} = {str(path)!r} is invalid: config.json is not JSON ({err})") from err
-    if not (folder / "tokenizer_config.json").is_file() or not any((folder / f).is_file() for f in TOKENIZER_FILES):
-        raise ConfigError(
-            f"{key} = {str(path)!r} is invalid: tokenizer missing (needs tokenizer_config.json and one of "
-            f"{', '.join(TOKENIZER_FILES)})"
-        )
     return folder
 
 

@@ -45,3 +45,13 @@ def receive_weights(worker: Worker, model: torch.nn.Module, src_group: str) -> i
         for name, tensor in worker.recv(src_group, 0).items():
             state[name].copy_(tensor)
     return int(header["version"])
+
+
+def receive_state(worker: Worker, src_group: str) -> tuple[int, dict[str, torch.Tensor]]:
+    """Receive what `broadcast_weights` sends as a whole state dict, for holders that load weights themselves
+    (an inference engine whose parameters are not a torch module of ours); returns (version, state)."""
+    header = worker.recv(src_group, 0)
+    state: dict[str, torch.Tensor] = {}
+    for _ in range(int(header["num_buckets"])):
+        state.update(worker.recv(src_group, 0))
+    return int(header["version"]), state

