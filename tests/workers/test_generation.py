@@ -41,12 +41,14 @@ def _train(folder: Path, seed: int, answer) -> Path:
     ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    torch.manual_seed(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small matrices: one thread is about as fast, and robust on a busy 2-core machine
     for _ in range(80):
         loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    torch.set_num_threads(threads)
     model.save_pretrained(path)
     return path
 
@@ -139,7 +141,7 @@ def test_sampling_is_keyed_per_sequence_not_per_batch(models, engine):
 def test_samples_follow_the_softmax(models, engine):
     """Many one-token samples of one prompt: their histogram is within twice the expected sampling error of the
     model's softmax at that temperature (total variation distance)."""
-    n, temperature = 3000, 2.0
+    n, temperature = 2000, 2.0
     prompt = models.prompts[0][:-2]
     with torch.no_grad():
         logits = load_causal_lm(models.sums)(torch.tensor([prompt])).logits[0, -1]

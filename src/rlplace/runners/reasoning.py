@@ -123,7 +123,7 @@ class ReasoningRunner:
             self.update_rollout_weights()
             rollout_stats = self.generate_rollouts(step)
             self.compute_advantages()
-            train_stats = self.run_training()
+            train_stats = self.run_training(step)
         return self.record(t0, rollout_stats, train_stats)
 
     def update_rollout_weights(self) -> None:
@@ -167,9 +167,9 @@ class ReasoningRunner:
         with self.timer.phase("advantages"):
             self.actor.compute_advantages().wait()
 
-    def run_training(self) -> dict[str, float]:
+    def run_training(self, step: int) -> dict[str, float]:
         with self.timer.phase("training"):
-            per_rank = self.actor.run_training().wait()
+            per_rank = self.actor.run_training(step).wait()
         return {key: statistics.fmean(stats[key] for stats in per_rank) for key in per_rank[0]}
 
     def record(self, t0: float, rollout: dict[str, float], train: dict[str, float]) -> dict[str, float]:

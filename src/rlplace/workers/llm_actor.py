@@ -86,9 +86,18 @@ class LLMActorWorker(Worker):
         self.advantages, self.returns = compute_advantages(batch, self.params, self.old_values)
 
     @timer("training")
-    def run_training(self) -> dict[str, float]:
-        """One policy (and critic) update on this rank's batch; returns train/* stats."""
+    def run_training(self, step: int) -> dict[str, float]:
+        """One policy (and critic) update on this rank's batch; returns train/* stats.
+
+        With `algorithm.anneal_lr` the learning rate decays linearly to 0 over `runner.max_steps`: late updates
+        then refine instead of undoing what earlier ones learned, which steadies the accuracy a run ends with.
+        """
         assert self.batch is not None and self.advantages is not None, "compute_advantages must run first"
+        alg = self.cfg.algorithm
+        if alg.anneal_lr:
+            for optimizer, lr in ((self.optimizer, alg.lr), (self.critic_optimizer, alg.critic_lr)):
+                for group in optimizer.param_groups if optimizer is not None else []:
+                    group["lr"] = lr * (1.0 - step / self.cfg.runner.max_steps)
         allreduce = self._average_grads if self.world_size > 1 else None
         stats = llm_update(
             self.policy,

@@ -58,6 +58,12 @@ def sequence_seed(seed: int, sample_id: int) -> int:
     return int(key[0]) >> 1
 
 
+def eos_ids(config) -> list[int]:
+    """The ids that end a response, from a model config whose `eos_token_id` is one id or a list of them."""
+    eos = config.eos_token_id
+    return [int(i) for i in eos] if isinstance(eos, list | tuple) else [int(eos)]
+
+
 def check_lengths(prompts: list[list[int]], sample_ids: list[int], max_new_tokens: int, max_model_len: int) -> None:
     """Refuse a request either backend could not serve whole, naming the sequence, before any work is done."""
     if len(prompts) != len(sample_ids):

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from rlplace.models.tiny_lm import load_causal_lm
 
-from .engine import check_lengths, sequence_seed
+from .engine import check_lengths, eos_ids, sequence_seed
 
 
 class HFEngine:
@@ -21,8 +21,8 @@ class HFEngine:
         self.model = load_causal_lm(model_path, device)
         config = self.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings
-        self.eos_id = int(config.eos_token_id)
-        self.pad_id = int(config.pad_token_id if config.pad_token_id is not None else config.eos_token_id)
+        self.eos_ids = eos_ids(config)
+        self.pad_id = int(config.pad_token_id) if config.pad_token_id is not None else self.eos_ids[0]
 
     @torch.inference_mode()
     def generate(
@@ -52,6 +52,7 @@ class HFEngine:
                 torch.Generator(self.device).manual_seed(sequence_seed(seed, sample_id)) for sample_id in sample_ids
             ]
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        eos = torch.tensor(self.eos_ids, device=self.device)
         tokens = []
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
         for step in range(max_new_tokens):
@@ -59,7 +60,7 @@ class HFEngine:
             token = token.masked_fill(done, self.pad_id)
             tokens.append(token)
             if not ignore_eos:
-                done |= token == self.eos_id
+                done |= torch.isin(token, eos)
             if step == max_new_tokens - 1 or bool(done.all()):
                 break
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
@@ -85,9 +86,8 @@ class HFEngine:
         """Rows of the [B, T] token grid cut after their first EOS (the padding after it is not generated)."""
         out = []
         for row in tokens.tolist():
-            if not ignore_eos and self.eos_id in row:
-                row = row[: row.index(self.eos_id) + 1]
-            out.append(row)
+            stops = [] if ignore_eos else [t for t, token in enumerate(row) if token in self.eos_ids]
+            out.append(row[: stops[0] + 1] if stops else row)
         return out
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:

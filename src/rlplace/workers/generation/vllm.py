@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from .engine import check_lengths, sequence_seed
+from .engine import check_lengths, eos_ids, sequence_seed
 
 CPU_KV_CACHE_GIB = 1
 """KV cache reserved on CPU: 0.5 M tokens of the tiny LM, ample for a rollout; an explicit size, because vLLM
@@ -82,7 +82,7 @@ class VLLMEngine:
         self.on_gpu = on_gpu
         model_config = self.llm.llm_engine.model_config
         self.max_model_len = model_config.max_model_len
-        self.eos_id = int(model_config.hf_config.eos_token_id)
+        self.eos_ids = eos_ids(model_config.hf_config)
 
     def generate(
         self,
@@ -104,7 +104,7 @@ class VLLMEngine:
                 temperature=temperature,
                 max_tokens=max_new_tokens,
                 seed=sequence_seed(seed, sample_id) if temperature > 0 else None,
-                stop_token_ids=None if ignore_eos else [self.eos_id],
+                stop_token_ids=None if ignore_eos else self.eos_ids,
                 ignore_eos=ignore_eos,
                 detokenize=False,
             )
