@@ -22,6 +22,7 @@ TINY = [
     "task.prompts_per_step=4",
     "algorithm.group_size=4",
     "algorithm.num_minibatches=2",
+    "rollout.micro_batch_prompts=2",
     "rollout.max_new_tokens=4",
     "runner.max_steps=2",
     "runner.eval_interval=1",
@@ -65,9 +66,9 @@ def metrics(run_dir: Path) -> list[dict[str, float]]:
 def test_grpo_runs_in_both_modes_and_writes_metrics_timeline_and_model(
     variant: str, model_path: Path, tmp_path: Path
 ) -> None:
-    extra = ["rollout.micro_batch_prompts=2"]
-    experiment = [] if variant == "collocated" else ["experiment=arithmetic_grpo_disagg"]
-    result = train(tmp_path, model_path, *experiment, *extra)
+    # Disaggregated: 4 micro-batches per step stream through the stages.
+    experiment = [] if variant == "collocated" else ["experiment=arithmetic_grpo_disagg", "task.prompts_per_step=8"]
+    result = train(tmp_path, model_path, *experiment)
     assert f"rlplace: done: {variant} placement, held-out accuracy" in result.stdout
     rows = metrics(tmp_path)
     assert len(rows) == 2
@@ -105,8 +106,7 @@ def test_grpo_runs_in_both_modes_and_writes_metrics_timeline_and_model(
     ]
     assert {"rollout_generate", "reward", "inference", "training", "sync_weights"} <= {s["name"] for s in spans}
     if variant == "disaggregated":
-        # Two micro-batches per step stream through the stages: the rollout generates the second while the
-        # inference worker scores the first.
+        # The rollout generates micro-batch m+1 while the inference worker scores micro-batch m.
         timeline = Timeline({})
         timeline.extend(s for s in spans if s["name"] in ("rollout_generate", "inference"))
         assert timeline.overlap("rollout", "inference", 0.0, max(s["end"] for s in spans)) > 0
@@ -131,7 +131,7 @@ def test_vllm_backend_trains_and_its_weights_follow_the_actor(model_path: Path, 
         (["algorithm.group_size=1"], "algorithm.group_size = 1 is invalid"),
         (["rollout=policy"], "rollout.backend = 'policy' does not fit task.name = 'arithmetic'"),
         (["rollout.tensor_parallel_size=3"], "rollout.tensor_parallel_size = 3 does not divide"),
-        (["cluster.component_placement.reward=null"], "reward not placed"),
+        (["experiment=arithmetic_grpo_disagg", "cluster.component_placement.reward=null"], "reward not placed"),
     ],
 )
 def test_bad_input_is_refused_before_workers_start(
