@@ -114,14 +114,7 @@ class ActorWorker(Worker):
         return stats
 
     def _average_grads(self, grads: list[torch.Tensor]) -> None:
-        """Average gradients over actor ranks in one all-reduce of a flattened buffer."""
-        flat = torch.cat([g.flatten() for g in grads])
-        dist.all_reduce(flat)
-        flat /= self.world_size
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+        average_grads(grads, self.world_size)
 
     @timer("offload")
     def offload(self) -> int:
@@ -151,3 +144,14 @@ class ActorWorker(Worker):
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         self.version = state["version"]
+
+
+def average_grads(grads: list[torch.Tensor], world_size: int) -> None:
+    """Average gradients over the ranks of the default process group in one all-reduce of a flattened buffer."""
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()

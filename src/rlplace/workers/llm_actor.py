@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from rlplace.algorithms.llm_update import LLMUpdateParams, compute_advantages, llm_update
@@ -21,6 +20,7 @@ from rlplace.config import TrainConfig
 from rlplace.models.tiny_lm import load_causal_lm, load_tokenizer
 from rlplace.models.value_model import ValueModel
 from rlplace.scheduler import Channel, Worker, timer
+from rlplace.workers.actor import average_grads
 from rlplace.workers.offload import move
 from rlplace.workers.reasoning_streams import READY_CHANNEL, micro_batches_of
 from rlplace.workers.weights import broadcast_weights
@@ -116,15 +116,7 @@ class LLMActorWorker(Worker):
         return stats
 
     def _average_grads(self, module: nn.Module) -> None:
-        """Average a module's gradients over actor ranks in one all-reduce of a flattened buffer."""
-        grads = [p.grad for p in module.parameters() if p.grad is not None]
-        flat = torch.cat([g.flatten() for g in grads])
-        dist.all_reduce(flat)
-        flat /= self.world_size
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+        average_grads([p.grad for p in module.parameters() if p.grad is not None], self.world_size)
 
     def save_model(self, folder: str) -> None:
         """Rank 0 writes the policy and tokenizer as a Hugging Face folder, atomically (temporary folder, rename)."""
