@@ -13,14 +13,12 @@ valid token as 0: the episode ends at EOS.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-if TYPE_CHECKING:  # only a type here: importing rlplace.workers would import the workers that import this module
-    from rlplace.algorithms.sequences import SequenceBatch
+from rlplace.algorithms.sequences import SequenceBatch
 
 
 class ValueModel(nn.Module):

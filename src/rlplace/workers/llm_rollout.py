@@ -52,29 +52,25 @@ class LLMRolloutWorker(Worker):
         self.engine.load_weights(state)
         return self.version
 
-    def generate(self, step: int, version: int) -> dict[str, float]:
-        """Generate this rank's micro-batches of step `step` and hand each to its reward rank as soon as it is done.
-
-        Returns the generated tokens and the seconds spent generating them.
-        """
+    def generate(self, step: int, version: int) -> int:
+        """Generate this rank's micro-batches of step `step` and hand each to its reward rank as soon as it is done;
+        returns how many. Each batch carries its generation seconds to the actor, which reports them per step."""
         if self.version != version:
             raise StaleWeightsError(f"rollout rank {self.rank} holds weights v{self.version}, asked for v{version}")
         cfg = self.cfg
         per_batch, group = cfg.rollout.micro_batch_prompts, cfg.algorithm.group_size
         problems = self.source.train_batch(step, cfg.task.prompts_per_step)
-        tokens, seconds = 0, 0.0
-        for m in micro_batches_of(self.rank, self.world_size, self.num_micro_batches):
+        mine = micro_batches_of(self.rank, self.world_size, self.num_micro_batches)
+        for m in mine:
             first = m * per_batch
             rows = [p for p in problems[first : first + per_batch] for _ in range(group)]
             sample_ids = [(step * cfg.task.prompts_per_step + first) * group + i for i in range(len(rows))]
             start = time.perf_counter()
             with self.span("rollout_generate"):
                 batch = self._generate(m, rows, sample_ids, cfg.rollout.temperature)
-            seconds += time.perf_counter() - start
-            tokens += int(batch.response_mask.sum())
             batch.meta["generate_seconds"] = time.perf_counter() - start
             self.out.put(batch, key=consumer_key("reward", m, self.reward_world_size))
-        return {"tokens": float(tokens), "seconds": seconds}
+        return len(mine)
 
     @torch.no_grad()
     def _generate(
