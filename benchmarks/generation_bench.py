@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from rlplace.models.tiny_lm import build_tiny_lm, load_tokenizer
-from rlplace.workers.generation import make_engine
+from rlplace.reasoning.models.tiny_lm import build_tiny_lm, load_tokenizer
+from rlplace.reasoning.generation import make_engine
 
 
 def prompts_for(tokenizer, batch: int) -> list[list[int]]:

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from rlplace.algorithms import PPOParams, compute_gae, ppo_update, uniform_noise
-from rlplace.envs import EnvSlice, env_spec
-from rlplace.models import MLPActorCritic
+from rlplace.embodied.envs import EnvSlice, env_spec
+from rlplace.embodied.policy import MLPActorCritic
 
 
 @dataclass

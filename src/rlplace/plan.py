@@ -9,49 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
-from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.table import Table
 
-from rlplace.config import ConfigError, TrainConfig, register, to_typed
-from rlplace.placement import (
-    ComponentPlacement,
-    HybridComponentPlacement,
-    ModelParallelComponentPlacement,
-    PlacementError,
-)
-from rlplace.runners.checks import check_embodied, check_reasoning
-
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
-"""The Hydra config tree at the repository root (the project installs editable)."""
-
-EXIT_BAD_CONFIG = 2
-
-
-@dataclass
-class Plan:
-    """A resolved run: typed config plus the placement of every component."""
-
-    cfg: TrainConfig
-    placement: ComponentPlacement
-
-
-def resolve(cfg: DictConfig) -> Plan:
-    """Turn a composed config into a checked plan; raises ConfigError or PlacementError naming key and value."""
-    typed = to_typed(cfg)
-    if typed.task.is_reasoning:
-        placement: ComponentPlacement = ModelParallelComponentPlacement(typed)
-        check_reasoning(typed, placement)
-    else:
-        placement = HybridComponentPlacement(typed)
-        check_embodied(typed, placement)
-    return Plan(typed, placement)
+from rlplace.cli import compose_run, fail
+from rlplace.core.errors import ConfigError
+from rlplace.families import Plan, resolve
+from rlplace.placement import PlacementError
 
 
 def render_table(plan: Plan, console: Console) -> None:
@@ -81,31 +46,12 @@ def print_plan(plan: Plan) -> None:
         render_table(plan, Console())
 
 
-def fail(message: str) -> None:
-    """Report a refused config as one line on stderr and exit with code 2."""
-    print(f"rlplace: error: {message}", file=sys.stderr)
-    sys.exit(EXIT_BAD_CONFIG)
-
-
-def describe_compose_error(err: Exception) -> str:
-    """One line from Hydra's composition error and its cause (which says what the value should have been)."""
-    parts = [" ".join(str(err).split("Config search path")[0].split())]
-    if err.__cause__ is not None:
-        parts.append(str(err.__cause__).splitlines()[0])
-    return ": ".join(parts)
-
-
 def main(argv: list[str] | None = None) -> None:
-    register()
-    overrides = sys.argv[1:] if argv is None else argv
+    cfg = compose_run(sys.argv[1:] if argv is None else argv)
     try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose(config_name="train", overrides=overrides)
         plan = resolve(cfg)
     except (ConfigError, PlacementError) as err:
         fail(str(err))
-    except (HydraException, OmegaConfBaseException) as err:
-        fail(describe_compose_error(err))
     print_plan(plan)
 
 

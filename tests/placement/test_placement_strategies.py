@@ -1,4 +1,4 @@
-"""Strategies turn a cluster shape into Placement records: packing, stride, node splits, and their refusals."""
+"""Strategies turn a cluster shape into Placement records: packing, node splits, and their refusals."""
 
 from __future__ import annotations
 
@@ -25,9 +25,6 @@ def _devices(strategy: PlacementStrategy, num_nodes: int = 1, per_node: int = 8)
     [
         (PackedPlacementStrategy(0, 3), [(0,), (1,), (2,), (3,)]),
         (PackedPlacementStrategy(2, 5, num_devices_per_process=2), [(2, 3), (4, 5)]),
-        (PackedPlacementStrategy(0, 3, num_devices_per_process=2, stride=2), [(0, 2), (1, 3)]),
-        (PackedPlacementStrategy(0, 7, num_devices_per_process=2, stride=2), [(0, 2), (1, 3), (4, 6), (5, 7)]),
-        (PackedPlacementStrategy(0, 5, num_devices_per_process=2, stride=3), [(0, 3), (1, 4), (2, 5)]),
         (FlexiblePlacementStrategy([[0, 1], [5]]), [(0, 1), (5,)]),
         (FlexiblePlacementStrategy([[0], [0], [1], [1]]), [(0,), (0,), (1,), (1,)]),
     ],
@@ -66,7 +63,6 @@ def test_packed_multi_device_processes_on_two_nodes() -> None:
         PackedPlacementStrategy(1, 6, num_devices_per_process=2),  # (1, 2) (3, 4): process 1 spans
         PackedPlacementStrategy(0, 7, num_devices_per_process=8),
         FlexiblePlacementStrategy([[3, 4]]),
-        PackedPlacementStrategy(0, 5, num_devices_per_process=2, stride=3),  # (0, 3) (1, 4): process 1 spans
     ],
 )
 def test_process_spanning_nodes_is_refused(strategy: PlacementStrategy) -> None:
@@ -95,8 +91,7 @@ def test_out_of_cluster_is_refused(strategy: PlacementStrategy, pattern: str) ->
     [
         (lambda: PackedPlacementStrategy(3, 1), "end 1 is before start 3"),
         (lambda: PackedPlacementStrategy(0, 5, num_devices_per_process=4), "6 devices .* not divisible"),
-        (lambda: PackedPlacementStrategy(0, 3, num_devices_per_process=2, stride=3), "not divisible"),
-        (lambda: PackedPlacementStrategy(0, 3, stride=0), "stride = 0 must be an integer >= 1"),
+        (lambda: PackedPlacementStrategy(0, 3, num_devices_per_process=0), "num_devices_per_process = 0 must be"),
         (lambda: PackedPlacementStrategy(-1, 3), "start = -1"),
         (lambda: FlexiblePlacementStrategy([]), "at least one process"),
         (lambda: FlexiblePlacementStrategy([[0], []]), "process 1 has no devices"),

@@ -1,52 +1,57 @@
-"""Channels on a real embedded Ray: FIFO order, backpressure, keys, weighted batches, async use, across groups."""
+"""Channels on a real embedded Ray: FIFO order, backpressure, keys, no global name, handed to worker groups."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
+import ray
 import torch
 
+from rlplace.placement.placement import Placement
 from rlplace.scheduler import Channel, ChannelTimeout, Cluster, Worker, WorkerGroup
+from rlplace.scheduler.channel import INLINE_BYTES
 from tests.scheduler.helpers import on_devices
 
 
 class Producer(Worker):
-    def produce(self, channel_name: str, count: int, keys: int) -> None:
-        """Find the channel by name and put `count` tensors, dealt round-robin over `keys` keys."""
-        channel = Channel.connect(channel_name)
+    def produce(self, channel: Channel, count: int, keys: int) -> None:
+        """Put `count` tensors into a channel handed over by the driver, dealt round-robin over `keys` keys."""
         for i in range(count):
             channel.put(torch.full((4,), float(i)), key=i % keys, timeout=30)
 
 
 class Consumer(Worker):
     def consume(self, channel: Channel, count: int) -> list[float]:
-        """Take `count` items from this rank's key of a channel handed over by the driver."""
+        """Take `count` items from this rank's key."""
         return [channel.get(key=self.rank, timeout=30)[0].item() for _ in range(count)]
 
 
-class AsyncConsumer(Worker):
-    async def consume(self, channel: Channel, count: int) -> list[float]:
-        return [(await channel.get_async(key=self.rank, timeout=30))[0].item() for _ in range(count)]
-
-
 @pytest.fixture(scope="module")
-def groups(cluster: Cluster) -> Iterator[tuple[WorkerGroup, WorkerGroup, WorkerGroup]]:
+def groups(cluster: Cluster) -> Iterator[tuple[WorkerGroup, WorkerGroup]]:
     producer = Producer.create_group().launch(cluster, name="producer", placement_strategy=on_devices((0,)))
     consumer = Consumer.create_group().launch(cluster, name="consumer", placement_strategy=on_devices((0,), (1,)))
-    async_consumer = AsyncConsumer.create_group().launch(cluster, name="async", placement_strategy=on_devices((1,)))
-    yield producer, consumer, async_consumer
+    yield producer, consumer
+    producer.terminate()
+    consumer.terminate()
 
 
 def test_items_come_out_in_fifo_order(cluster: Cluster) -> None:
     channel = Channel.create("fifo")
-    for item in ["a", {"b": 1}, 3, None, torch.arange(3)]:
+    large = torch.arange(INLINE_BYTES // 8 + 1)  # int64: one element over the inline size, so via the object store
+    opaque = on_devices((1,))[0]  # neither array nor plain value: its size is unknown, so via the object store too
+    items = ["a", {"b": 1}, 3, None, np.arange(3), torch.arange(3), large, opaque]
+    for item in items:
         channel.put(item)
-    assert channel.qsize() == 5
+    assert channel.qsize() == len(items)
     assert [channel.get(timeout=5) for _ in range(4)] == ["a", {"b": 1}, 3, None]
+    assert np.array_equal(channel.get(timeout=5), np.arange(3))
     assert torch.equal(channel.get(timeout=5), torch.arange(3))
+    assert torch.equal(channel.get(timeout=5), large)
+    got = channel.get(timeout=5)
+    assert isinstance(got, Placement) and got == opaque
     assert channel.empty()
 
 
@@ -76,54 +81,21 @@ def test_keys_are_independent_fifos_with_their_own_maxsize(cluster: Cluster) -> 
     assert channel.get(key=0) == "to 0"
 
 
-def test_get_batch_collects_items_until_their_weight_reaches_the_target(cluster: Cluster) -> None:
-    channel = Channel.create("weighted")
-    for item, weight in [("a", 2), ("b", 1), ("c", 3)]:
-        channel.put(item, weight=weight)
-    assert channel.get_batch(3) == ["a", "b"]
-    with pytest.raises(ChannelTimeout, match=r"get_batch\(5\) on channel 'weighted' timed out"):
-        channel.get_batch(5, timeout=0.2)
-    assert channel.qsize() == 1  # a batch that timed out takes nothing
-    channel.put("d", weight=2)
-    assert channel.get_batch(5) == ["c", "d"]
+def test_a_name_only_labels_a_channel(cluster: Cluster) -> None:
+    """Two runs in one Ray may use the same channel names: nothing is registered under them."""
+    first, second = Channel.create("rollouts", maxsize=1), Channel.create("rollouts", maxsize=1)
+    first.put("first")
+    second.put("second", timeout=0.2)  # a queue of its own, not the full one of `first`
+    assert (first.get(timeout=5), second.get(timeout=5)) == ("first", "second")
+    assert not [name for name in ray.util.list_named_actors() if "rollouts" in name]
+    assert repr(first) == "Channel(name='rollouts', maxsize=1)"
+    with pytest.raises(ValueError, match="channel 'rollouts': maxsize must be >= 0, got -1"):
+        Channel.create("rollouts", maxsize=-1)
 
 
-def test_async_put_and_get(cluster: Cluster) -> None:
-    channel = Channel.create("async-driver", maxsize=1)
-
-    async def roundtrip() -> list[str]:
-        await channel.put_async("x", key="k")
-        with pytest.raises(ChannelTimeout):
-            await channel.put_async("y", key="k", timeout=0.1)
-        first = await channel.get_async(key="k", timeout=5)
-        await channel.put_async("z", key="k", weight=2)
-        return [first, *await channel.get_batch_async(2, key="k", timeout=5)]
-
-    assert asyncio.run(roundtrip()) == ["x", "z"]
-
-
-def test_channels_are_found_by_name(cluster: Cluster) -> None:
-    channel = Channel.create("named", maxsize=3)
-    other = Channel.connect("named")
-    other.put("hello")
-    assert (other.maxsize, channel.get(timeout=5)) == (3, "hello")
-    with pytest.raises(ValueError, match="a channel named 'named' already exists"):
-        Channel.create("named")
-    with pytest.raises(ValueError, match=r"no channel named 'missing' was created within 0\.2 s"):
-        Channel.connect("missing", timeout=0.2)
-
-
-def test_channel_connects_worker_groups_with_backpressure(groups: tuple[WorkerGroup, ...]) -> None:
-    producer, consumer, _ = groups
+def test_channel_connects_worker_groups_with_backpressure(groups: tuple[WorkerGroup, WorkerGroup]) -> None:
+    producer, consumer = groups
     channel = Channel.create("rollouts", maxsize=1)  # the producer must wait for the consumers at every item
     consumed = consumer.consume(channel, 3)
-    producer.produce("rollouts", 6, keys=2).wait(timeout=60)
+    producer.produce(channel, 6, keys=2).wait(timeout=60)
     assert consumed.wait(timeout=60) == [[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]
-
-
-def test_async_worker_methods_use_the_channel(groups: tuple[WorkerGroup, ...]) -> None:
-    producer, _, async_consumer = groups
-    channel = Channel.create("async-worker", maxsize=2)
-    consumed = async_consumer.consume(channel, 4)
-    producer.produce("async-worker", 4, keys=1).wait(timeout=60)
-    assert consumed.wait(timeout=60) == [[0.0, 1.0, 2.0, 3.0]]

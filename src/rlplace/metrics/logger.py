@@ -21,6 +21,9 @@ WANDB_MODES = ("offline", "online", "disabled")
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 SUMMARY_PREFIXES = ("throughput/", "time/")
+WARMUP_STEPS = 2
+"""Steps left out of a run's summary medians (and the sweep report's): the first steps pay for process start-up
+and lazy set-up."""
 
 WandbMode = Literal["offline", "online", "disabled"]
 
@@ -200,7 +203,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def summarize(
     history: Sequence[Mapping[str, Any]],
-    warmup: int,
+    warmup: int = WARMUP_STEPS,
     prefixes: Sequence[str] = SUMMARY_PREFIXES,
 ) -> dict[str, float]:
     """Median of each metric starting with one of `prefixes` over the records after the first `warmup`.

@@ -1,8 +1,8 @@
 """The device timeline: who was busy on which device, and when.
 
 Placement's cost shows up as idle devices and as phases that do or do not overlap. Every timed piece of work is a
-span (`name`, `group`, `rank`, unix `start`/`end`): workers fill them from their @timer buffers, the driver from
-`PhaseTimer`. Knowing which devices each (group, rank) process holds turns spans into per-device rows, from which
+span (`name`, `group`, `rank`, unix `start`/`end`): workers record them with the scheduler's `@timer` and
+`Worker.span`, the driver with `PhaseTimer`. Knowing which devices each (group, rank) process holds turns spans into per-device rows, from which
 this module derives `util/device_<i>/busy_frac`, the overlap of two groups (proof that pipelining happens), and a
 Chrome trace (`timeline.json`) to look at in chrome://tracing or https://ui.perfetto.dev.
 """
@@ -26,7 +26,11 @@ Interval = tuple[float, float]
 
 
 class Span(TypedDict):
-    """One timed piece of work by one process; `start`/`end` are unix seconds so all processes share one axis."""
+    """One timed piece of work by one process; `start`/`end` are unix seconds so all processes share one axis.
+
+    The one record of timed work in rlplace: what workers hand over from `pop_timings`, what `PhaseTimer` keeps,
+    what the timeline reads. A duration is `end - start`, never stored, so it cannot disagree with them.
+    """
 
     name: str
     group: str

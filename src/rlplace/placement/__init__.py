@@ -4,12 +4,7 @@
 process ends up with one `Placement` record. The scheduler launches from these; nothing here starts anything.
 """
 
-from .component import (
-    KNOWN_COMPONENTS,
-    ComponentPlacement,
-    HybridComponentPlacement,
-    ModelParallelComponentPlacement,
-)
+from .component import ComponentPlacement, HybridComponentPlacement
 from .errors import PlacementError
 from .placement import Placement
 from .strategies import (
@@ -20,11 +15,9 @@ from .strategies import (
 )
 
 __all__ = [
-    "KNOWN_COMPONENTS",
     "ComponentPlacement",
     "FlexiblePlacementStrategy",
     "HybridComponentPlacement",
-    "ModelParallelComponentPlacement",
     "NodePlacementStrategy",
     "PackedPlacementStrategy",
     "Placement",

@@ -1,6 +1,6 @@
 """Component placement: the whole `cluster.component_placement` mapping, parsed and checked up front.
 
-This is the user-facing object (RLinf's `HybridComponentPlacement` / `ModelParallelComponentPlacement` flow): it
+This is the user-facing object (RLinf's `HybridComponentPlacement` flow): it
 turns the config into one strategy per component, derives the mode (collocated, disaggregated, hybrid) that the
 runner uses to decide between offload/onload and overlap, and refuses a bad config before anything starts.
 """
@@ -14,7 +14,6 @@ from typing import Any, Literal
 from .errors import PlacementError
 from .grammar import (
     CONFIG_PATH,
-    DeviceValue,
     NodeValue,
     ParsedValue,
     describe,
@@ -30,9 +29,6 @@ from .strategies import (
     PackedPlacementStrategy,
     PlacementStrategy,
 )
-
-KNOWN_COMPONENTS: tuple[str, ...] = ("env", "rollout", "actor", "inference", "reference", "reward", "critic")
-"""Every component name a runner knows; any other key in `cluster.component_placement` is refused."""
 
 Mode = Literal["collocated", "disaggregated", "hybrid"]
 
@@ -65,7 +61,8 @@ class ComponentPlacement:
         component_placement: mapping from component key (`"actor"` or `"actor,rollout"`) to a placement value.
         num_nodes: nodes in the cluster.
         num_devices_per_node: devices per node; global device ranks are node-major.
-        required: components the runner needs; leaving one unplaced is an error.
+        components: the components of the run's task family (its runner launches exactly these); leaving one
+            unplaced, or naming any other, is an error.
     """
 
     def __init__(
@@ -73,7 +70,7 @@ class ComponentPlacement:
         component_placement: Mapping[str, Any],
         num_nodes: int,
         num_devices_per_node: int,
-        required: Sequence[str] = (),
+        components: Sequence[str],
     ) -> None:
         for name, value, minimum in (("num_nodes", num_nodes, 1), ("num_devices_per_node", num_devices_per_node, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -92,9 +89,10 @@ class ComponentPlacement:
                 continue  # `key: null` removes a key a preset set (Hydra merges mappings; it cannot delete keys)
             names = parse_component_key(key)
             for name in names:
-                if name not in KNOWN_COMPONENTS:
+                if name not in components:
                     raise PlacementError(
-                        f"{describe(key, value)}: unknown component {name!r} (valid: {', '.join(KNOWN_COMPONENTS)})"
+                        f"{describe(key, value)}: unknown component {name!r} for this task (valid: "
+                        f"{', '.join(components)}); remove it with {CONFIG_PATH}.{key}=null"
                     )
                 if name in self._entries:
                     raise PlacementError(
@@ -103,22 +101,23 @@ class ComponentPlacement:
                     )
             parsed = parse_value(key, value, num_nodes, num_devices_per_node)
             for name in names:
-                strategy = self._make_strategy(name, key, value, parsed)
+                strategy = self._make_strategy(parsed)
                 try:
                     placements = strategy.get_placements(num_nodes, num_devices_per_node)
                 except PlacementError as error:
                     raise PlacementError(f"{describe(key, value)}: {error}") from None
                 self._entries[name] = _Entry(key, plain(value), strategy, tuple(placements))
 
-        missing = [name for name in required if name not in self._entries]
+        missing = [name for name in components if name not in self._entries]
         if missing:
             raise PlacementError(
                 f"{CONFIG_PATH}: required component(s) {', '.join(missing)} not placed "
                 f"(placed: {', '.join(self._entries) or 'none'}); add e.g. {CONFIG_PATH}.{missing[0]}=all"
             )
 
-    def _make_strategy(self, name: str, key: str, value: Any, parsed: ParsedValue) -> PlacementStrategy:
-        """The strategy for one component of an entry; subclasses override to regroup devices (model parallel)."""
+    @staticmethod
+    def _make_strategy(parsed: ParsedValue) -> PlacementStrategy:
+        """The strategy for one component of an entry."""
         if isinstance(parsed, NodeValue):
             return NodePlacementStrategy(parsed.process_nodes)
         return strategy_for_processes(parsed.process_devices)
@@ -237,84 +236,13 @@ def _cluster_shape(cfg: Any, cluster: Any | None) -> tuple[Mapping[str, Any], in
 
 
 class HybridComponentPlacement(ComponentPlacement):
-    """Placement for embodied RL (env, rollout, actor), RLinf-style: built from the run config.
+    """The placement of a run, RLinf-style: built from the run config, whatever the mode.
 
-    `cluster`, if given (the live cluster object; duck-typed), overrides the shape in `cfg.cluster` with its
-    `num_nodes` and `num_devices_per_node`.
+    The components are the config's `components` (its task family's worker groups). `cluster`, if given (the live
+    cluster object; duck-typed), overrides the shape in `cfg.cluster` with its `num_nodes` and
+    `num_devices_per_node`.
     """
-
-    REQUIRED: tuple[str, ...] = ("actor", "env", "rollout")
 
     def __init__(self, cfg: Any, cluster: Any | None = None) -> None:
         component_placement, num_nodes, num_devices_per_node = _cluster_shape(cfg, cluster)
-        super().__init__(component_placement, num_nodes, num_devices_per_node, required=self.REQUIRED)
-
-
-def _tensor_parallel_size(cfg: Any, component: str) -> int:
-    section = getattr(cfg, component, None)
-    value = getattr(section, "tensor_parallel_size", None) if section is not None else None
-    if value is None:
-        return 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PlacementError(f"cfg.{component}.tensor_parallel_size = {value!r}: must be an integer >= 1")
-    return value
-
-
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-
-class ModelParallelComponentPlacement(ComponentPlacement):
-    """Placement for LLM tasks: each rollout (actor) process owns `tensor_parallel_size` contiguous devices.
-
-    A rollout value of `"0-7"` with `cfg.rollout.tensor_parallel_size = 2` gives 4 rollout processes of 2 devices.
-    A shared key such as `"actor,rollout"` shares the devices; each component still groups them by its own TP size.
-    When actor and rollout are collocated, the rollout TP size must divide the actor TP size.
-    """
-
-    REQUIRED: tuple[str, ...] = ("actor", "rollout")
-
-    def __init__(self, cfg: Any, cluster: Any | None = None) -> None:
-        self._tp_sizes = {name: _tensor_parallel_size(cfg, name) for name in ("actor", "rollout")}
-        component_placement, num_nodes, num_devices_per_node = _cluster_shape(cfg, cluster)
-        super().__init__(component_placement, num_nodes, num_devices_per_node, required=self.REQUIRED)
-
-        rollout_devices = self.devices_of("rollout")
-        if rollout_devices == self.devices_of("actor") and self.actor_tp_size % self.rollout_tp_size:
-            entry = self._entries["rollout"]
-            raise PlacementError(
-                f"{describe(entry.key, entry.value)}: rollout is collocated with actor on devices "
-                f"{format_ranks(rollout_devices)}, so rollout.tensor_parallel_size ({self.rollout_tp_size}) must "
-                f"divide actor.tensor_parallel_size ({self.actor_tp_size}) (valid: {_divisors(self.actor_tp_size)})"
-            )
-
-    @property
-    def rollout_tp_size(self) -> int:
-        return self._tp_sizes["rollout"]
-
-    @property
-    def actor_tp_size(self) -> int:
-        return self._tp_sizes["actor"]
-
-    def _make_strategy(self, name: str, key: str, value: Any, parsed: ParsedValue) -> PlacementStrategy:
-        tp = self._tp_sizes.get(name)
-        if tp is None:
-            return super()._make_strategy(name, key, value, parsed)
-        if not isinstance(parsed, DeviceValue):
-            raise PlacementError(f"{describe(key, value)}: {name} needs devices; a node-group value holds none")
-        if parsed.explicit_processes:
-            sizes = {len(devices) for devices in parsed.process_devices}
-            if sizes != {tp} or len(set(parsed.process_devices)) != len(parsed.process_devices):
-                raise PlacementError(
-                    f"{describe(key, value)}: each {name} process must own exactly {name}.tensor_parallel_size = {tp} "
-                    f"device(s) of its own; give the devices alone (e.g. '{format_ranks(parsed.devices)}') and "
-                    f"they are grouped by {tp}"
-                )
-            return strategy_for_processes(parsed.process_devices)
-        devices = parsed.devices
-        if len(devices) % tp:
-            raise PlacementError(
-                f"{describe(key, value)}: {name}.tensor_parallel_size = {tp} does not divide its {len(devices)} "
-                f"device(s) (valid tensor_parallel_size: {_divisors(len(devices))})"
-            )
-        return strategy_for_processes([devices[i : i + tp] for i in range(0, len(devices), tp)])
+        super().__init__(component_placement, num_nodes, num_devices_per_node, components=_get(cfg, "components"))

@@ -89,32 +89,26 @@ def _records(
 
 @dataclass(frozen=True)
 class PackedPlacementStrategy(PlacementStrategy):
-    """Devices `start..end` (global ranks, inclusive) packed into processes of `num_devices_per_process` devices.
-
-    With `stride > 1` a process takes devices `d, d+stride, ...`: devices 0-3 with 2 devices per process and
-    stride 2 give processes (0, 2) and (1, 3). The device count must be divisible by
-    `num_devices_per_process * stride`.
-    """
+    """Devices `start..end` (global ranks, inclusive) packed into processes of `num_devices_per_process` consecutive
+    devices; the device count must be divisible by `num_devices_per_process`."""
 
     start: int
     end: int
     num_devices_per_process: int = 1
-    stride: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("start", "end", "num_devices_per_process", "stride"):
+        for name in ("start", "end", "num_devices_per_process"):
             value = getattr(self, name)
             minimum = 0 if name in ("start", "end") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise PlacementError(f"PackedPlacementStrategy: {name} = {value!r} must be an integer >= {minimum}")
         if self.end < self.start:
             raise PlacementError(f"PackedPlacementStrategy: end {self.end} is before start {self.start}")
-        block = self.num_devices_per_process * self.stride
         count = self.end - self.start + 1
-        if count % block:
+        if count % self.num_devices_per_process:
             raise PlacementError(
                 f"PackedPlacementStrategy: {count} devices ({self.start}-{self.end}) are not divisible by "
-                f"num_devices_per_process * stride = {self.num_devices_per_process} * {self.stride}"
+                f"num_devices_per_process = {self.num_devices_per_process}"
             )
 
     @property
@@ -123,13 +117,8 @@ class PackedPlacementStrategy(PlacementStrategy):
 
     def process_devices(self) -> list[tuple[int, ...]]:
         """Global devices of each process, in rank order."""
-        block = self.num_devices_per_process * self.stride
-        processes = []
-        for base in range(self.start, self.end + 1, block):
-            for offset in range(self.stride):
-                first = base + offset
-                processes.append(tuple(range(first, first + block, self.stride)))
-        return processes
+        size = self.num_devices_per_process
+        return [tuple(range(first, first + size)) for first in range(self.start, self.end + 1, size)]
 
     def get_placements(self, num_nodes: int, num_devices_per_node: int) -> list[Placement]:
         return _device_placements(self.process_devices(), num_nodes, num_devices_per_node)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-WARMUP_STEPS = 2
-"""Steps left out: the first steps pay for process start-up and lazy set-up."""
+from rlplace.metrics.logger import WARMUP_STEPS
+
 PHASES = (
     "time/sync_weights",
     "time/generate_rollouts",
@@ -76,7 +76,7 @@ def read_job(path: Path, keys: set[str] = frozenset()) -> JobResult:
         result.skipped = (path / "skipped.txt").read_text().strip()
         return result
     info = json.loads((path / "run.json").read_text())
-    result.mode, result.stages = info["mode"], info["stages"]
+    result.mode, result.stages = info["mode"], info.get("stages", 1)
     rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     kept = rows[WARMUP_STEPS:] or rows
     result.throughput = [row["throughput/env_steps_per_s"] for row in kept]

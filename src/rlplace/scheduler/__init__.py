@@ -2,8 +2,8 @@
 
 `Cluster` holds the Ray cluster and its devices; `Worker` subclasses are launched as `WorkerGroup`s whose method
 calls fan out to every rank and return a `GroupFuture` (`wait_all` waits on several at once); `Channel` queues
-data between groups; `Worker.send`, `Worker.recv` and `Worker.broadcast` move tensors between groups; `@timer`
-records where the time went.
+data between groups; `Worker.broadcast` and `Worker.recv` move tensors between groups; `@timer` records where the
+time went.
 
     with Cluster(cfg.cluster) as cluster:
         actor = ActorWorker.create_group(cfg).launch(cluster, name="actor", placement_strategy=strategy)
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from rlplace.scheduler.channel import Channel
     from rlplace.scheduler.cluster import Cluster
     from rlplace.scheduler.future import GroupFuture, wait_all
-    from rlplace.scheduler.group import WorkerGroup, WorkerGroupSpec, per_rank
+    from rlplace.scheduler.group import WorkerGroup, WorkerGroupSpec
     from rlplace.scheduler.worker import Worker
 
 _MODULE_OF = {
@@ -37,7 +37,6 @@ _MODULE_OF = {
     "Worker": "worker",
     "WorkerGroup": "group",
     "WorkerGroupSpec": "group",
-    "per_rank": "group",
     "wait_all": "future",
 }
 __all__ = [
@@ -50,7 +49,6 @@ __all__ = [
     "WorkerError",
     "WorkerGroup",
     "WorkerGroupSpec",
-    "per_rank",
     "timer",
     "wait_all",
 ]

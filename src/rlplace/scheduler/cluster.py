@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import uuid
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import ray
 import ray._private.ray_constants as ray_constants
@@ -28,20 +28,11 @@ from rlplace.scheduler.group import WorkerGroup, terminate_groups
 from rlplace.scheduler.lease import DeviceLease
 from rlplace.scheduler.rendezvous import create_rendezvous
 
+if TYPE_CHECKING:  # for the annotation only: rlplace.core imports the scheduler, never the other way round
+    from rlplace.core.config import ClusterConfig
+
 RAY_EXIT_S = 5.0
 """How long Ray's own processes get to exit after `ray.shutdown()` before they are killed."""
-
-
-class ClusterConfig(Protocol):
-    """The cluster fields `Cluster` reads (rlplace.config.ClusterConfig, or a DictConfig with them)."""
-
-    num_nodes: int
-    num_devices_per_node: int
-    device_type: str
-    address: str | None
-    cpus_per_device: int | None
-    dashboard: bool
-    namespace: str | None
 
 
 class Cluster:

@@ -17,8 +17,9 @@ also gives every tensor's shape, dtype and transport:
 - CUDA tensors between processes on one GPU: CUDA IPC (NCCL refuses two ranks on one device). The receiver opens
   the sender's memory, copies it, and acknowledges, so the sender keeps the tensor alive until then.
 
-Transfers between two ranks must be issued in the same order on both sides, as with any point-to-point protocol.
-A broadcast sends the payload to every rank of the destination group, all at once.
+A broadcast sends the payload to every rank of the destination group, all at once (to a group of one rank, it is a
+point-to-point send); each of them receives it with `recv`. Transfers between two ranks must be issued in the same
+order on both sides, as with any point-to-point protocol.
 """
 
 from __future__ import annotations
@@ -62,9 +63,6 @@ class Transfers:
         self._device = device
         self._groups: dict[str, tuple[str, int]] = {}
         self._comms: dict[tuple[str, int], _PairComm] = {}
-
-    def send(self, payload: Payload, group: str, rank: int) -> None:
-        self._comm(group, rank).send(payload)
 
     def recv(self, group: str, rank: int) -> Payload:
         return self._comm(group, rank).recv()
@@ -139,12 +137,6 @@ class _PairComm:
             slots = [_with_ipc_handle(slot, tensors[slot.index]) for slot in slots]
         header = torch.frombuffer(bytearray(pickle.dumps((skeleton, slots))), dtype=torch.uint8)
         return header, tensors, slots
-
-    def send(self, payload: Payload) -> None:
-        header, tensors, slots = self.plan(payload)
-        for work in self.start_send(header, tensors, slots):
-            work.wait()
-        self.finish_send(slots)
 
     def start_send(self, header: torch.Tensor, tensors: list[torch.Tensor], slots: list[_TensorSlot]) -> list[Any]:
         """Start sending header and tensors; the caller waits on the returned works, then calls `finish_send`."""

@@ -1,7 +1,7 @@
 """`WorkerGroup`: the driver's handle on the ranks of one component, and the explicit fan-out of method calls.
 
 `group.method(*args)` calls `method` on every rank and returns one `GroupFuture`; `group.execute_on(0, 2).method()`
-calls a subset; `per_rank([...])` gives each called rank its own argument. Names are resolved in `__getattr__`
+calls a subset. Names are resolved in `__getattr__`
 against the worker class's public methods, so a typo fails at the call site with the list of valid methods rather
 than inside a remote process. Launching checks the placements against the cluster before any actor starts, then
 pins one Ray actor per rank to its node; the actors ask Ray for no CPUs or GPUs, because sharing is decided by the
@@ -15,13 +15,14 @@ import inspect
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.actor import ActorClass, ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlplace.placement.placement import Placement
+from rlplace.placement.strategies import PlacementStrategy
 from rlplace.scheduler.context import WorkerContext, worker_env
 from rlplace.scheduler.future import GroupFuture
 
@@ -37,24 +38,6 @@ _GROUP_ATTRIBUTES = frozenset(
     {"name", "worker_cls", "placements", "workers", "terminated", "world_size", "execute_on", "terminate"}
 )
 """WorkerGroup's own attributes; a worker method of the same name could not be called through the group."""
-
-
-class PlacementStrategy(Protocol):
-    """Anything that maps a cluster shape to one `Placement` per rank (rlplace.placement's strategies)."""
-
-    def get_placements(self, num_nodes: int, num_devices_per_node: int) -> list[Placement]: ...
-
-
-@dataclass(frozen=True)
-class PerRank:
-    """An argument that differs per called rank: the i-th called rank gets `values[i]`. Build it with `per_rank`."""
-
-    values: Sequence[Any]
-
-
-def per_rank(values: Sequence[Any]) -> PerRank:
-    """Mark a call argument as one value per called rank, e.g. `group.load(per_rank(shards))`."""
-    return PerRank(list(values))
 
 
 @dataclass(frozen=True)
@@ -153,7 +136,7 @@ class WorkerGroup:
         return GroupMethod(self, method, range(self.world_size))
 
     def _call(self, method: str, ranks: Sequence[int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> GroupFuture:
-        """Call `method(*args, **kwargs)` on `ranks`; `PerRank` arguments are split among the called ranks."""
+        """Call `method(*args, **kwargs)` on `ranks`."""
         if method not in self._methods:
             raise AttributeError(
                 f"{self.worker_cls.__name__} has no public method {method!r}; "
@@ -161,11 +144,7 @@ class WorkerGroup:
             )
         if self.terminated:
             raise RuntimeError(f"group {self.name!r} was terminated; cannot call {method}()")
-        refs = []
-        for position, rank in enumerate(ranks):
-            rank_args = tuple(_pick(value, position, len(ranks)) for value in args)
-            rank_kwargs = {key: _pick(value, position, len(ranks)) for key, value in kwargs.items()}
-            refs.append(getattr(self.workers[rank], method).remote(*rank_args, **rank_kwargs))
+        refs = [getattr(self.workers[rank], method).remote(*args, **kwargs) for rank in ranks]
         return GroupFuture(self.name, method, ranks, refs)
 
     def terminate(self, graceful_s: float = GRACEFUL_EXIT_S) -> None:
@@ -225,20 +204,12 @@ def public_methods(worker_cls: type) -> frozenset[str]:
     )
 
 
-def _pick(value: Any, position: int, count: int) -> Any:
-    if not isinstance(value, PerRank):
-        return value
-    if len(value.values) != count:
-        raise ValueError(f"per_rank got {len(value.values)} values for {count} called ranks")
-    return value.values[position]
-
-
 def _resolve_placements(
     strategy: PlacementStrategy | Sequence[Placement], cluster: Cluster, name: str
 ) -> list[Placement]:
     """The group's placements, checked against the cluster's shape; errors name the group."""
-    if hasattr(strategy, "get_placements"):
-        placements = list(strategy.get_placements(cluster.num_nodes, cluster.num_devices_per_node))
+    if isinstance(strategy, PlacementStrategy):
+        placements = strategy.get_placements(cluster.num_nodes, cluster.num_devices_per_node)
     else:
         placements = list(strategy)
     problems = []

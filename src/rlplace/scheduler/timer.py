@@ -1,8 +1,9 @@
 """`@timer("name")`: time a worker method on every rank, for metrics and the per-device timeline.
 
-Durations alone cannot show whether two components overlapped, so each call records wall-clock start and end
-(`time.time()`, comparable across processes on one machine and, with synchronised clocks, across nodes). Records
-stay in the worker until the driver drains them with `group.pop_timings().wait()`; nothing is sent per call.
+Durations alone cannot show whether two components overlapped, so each call becomes a `Span` (rlplace.metrics.
+timeline) with wall-clock start and end (`time.time()`, comparable across processes on one machine and, with
+synchronised clocks, across nodes). Spans stay in the worker until the driver drains them with
+`group.pop_timings().wait()`; nothing is sent per call.
 """
 
 from __future__ import annotations
@@ -11,37 +12,17 @@ import functools
 import inspect
 import time
 from collections.abc import Callable
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class TimingRecord(TypedDict):
-    """One timed call of a worker method on one rank."""
-
-    name: str
-    group: str
-    rank: int
-    start: float
-    end: float
-    duration: float
-
-
 def timer(name: str) -> Callable[[F], F]:
-    """Record every call of the decorated worker method (sync or async) under `name`, also when it raises."""
+    """Record every call of the decorated worker method under `name`, also when it raises."""
 
     def decorate(method: F) -> F:
         if inspect.iscoroutinefunction(method):
-
-            @functools.wraps(method)
-            async def timed_async(self: Any, *args: Any, **kwargs: Any) -> Any:
-                start, tick = time.time(), time.perf_counter()
-                try:
-                    return await method(self, *args, **kwargs)
-                finally:
-                    self._record_timing(name, start, time.perf_counter() - tick)
-
-            return timed_async  # type: ignore[return-value]
+            raise TypeError(f"@timer({name!r}) on {method.__qualname__}: worker methods are timed only when sync")
 
         @functools.wraps(method)
         def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -49,7 +30,7 @@ def timer(name: str) -> Callable[[F], F]:
             try:
                 return method(self, *args, **kwargs)
             finally:
-                self._record_timing(name, start, time.perf_counter() - tick)
+                self._record_span(name, start, time.perf_counter() - tick)
 
         return timed  # type: ignore[return-value]
 

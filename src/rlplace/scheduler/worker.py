@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 from ray.actor import ActorClass
 
+from rlplace.metrics.timeline import Span
 from rlplace.placement.placement import Placement
 from rlplace.scheduler.collective import Payload, Transfers
 from rlplace.scheduler.context import WorkerContext
 from rlplace.scheduler.group import WorkerGroupSpec
-from rlplace.scheduler.timer import TimingRecord
 
 
 class Worker:
@@ -36,7 +36,7 @@ class Worker:
     """
 
     _context: WorkerContext
-    _timings: list[TimingRecord]
+    _spans: list[Span]
     _transfers: Transfers
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Worker:
@@ -51,7 +51,7 @@ class Worker:
                 f"instead of {cls.__name__}(...)"
             )
         self._context = context
-        self._timings = []
+        self._spans = []
         self._transfers = Transfers(context, self.device)
         if context.cores:
             _pin_process(context.cores)
@@ -85,10 +85,10 @@ class Worker:
             return torch.device("cuda", 0)
         return torch.device("cpu")
 
-    def pop_timings(self) -> list[TimingRecord]:
-        """Hand over and forget the records of `@timer` methods called since the last pop."""
-        timings, self._timings = self._timings, []
-        return timings
+    def pop_timings(self) -> list[Span]:
+        """Hand over and forget the spans of `@timer` methods and `span` blocks recorded since the last pop."""
+        spans, self._spans = self._spans, []
+        return spans
 
     def init_process_group(self, timeout_s: float = 300.0) -> None:
         """Join this group's default torch.distributed process group (gloo on cpu, nccl on gpu), e.g. for DDP."""
@@ -104,17 +104,14 @@ class Worker:
             timeout=timedelta(seconds=timeout_s),
         )
 
-    def send(self, payload: Payload, dst_group: str, dst_rank: int) -> None:
-        """Send a tensor or a (nested) dict/list of tensors to one rank of another group; it calls `recv`."""
-        self._transfers.send(payload, dst_group, dst_rank)
+    def broadcast(self, payload: Payload, dst_group: str) -> None:
+        """Send a tensor or a (nested) dict/list of tensors to every rank of `dst_group` (e.g. weight sync); each of
+        them calls `recv`. A group of one rank makes it a point-to-point send."""
+        self._transfers.broadcast(payload, dst_group)
 
     def recv(self, src_group: str, src_rank: int) -> Payload:
-        """Receive what rank `src_rank` of `src_group` sends with `send` or `broadcast`."""
+        """Receive what rank `src_rank` of `src_group` sends with `broadcast`."""
         return self._transfers.recv(src_group, src_rank)
-
-    def broadcast(self, payload: Payload, dst_group: str) -> None:
-        """Send the same payload to every rank of `dst_group` (e.g. weight sync); each of them calls `recv`."""
-        self._transfers.broadcast(payload, dst_group)
 
     @contextmanager
     def span(self, name: str) -> Iterator[None]:
@@ -124,19 +121,12 @@ class Worker:
         try:
             yield
         finally:
-            self._record_timing(name, start, time.perf_counter() - tick)
+            self._record_span(name, start, time.perf_counter() - tick)
 
-    def _record_timing(self, name: str, start: float, duration: float) -> None:
-        self._timings.append(
-            TimingRecord(
-                name=name,
-                group=self.group_name,
-                rank=self.rank,
-                start=start,
-                end=start + duration,
-                duration=duration,
-            )
-        )
+    def _record_span(self, name: str, start: float, seconds: float) -> None:
+        """Keep a span that began at unix time `start`; its length comes from a monotonic clock, which the wall
+        clock's adjustments cannot stretch or shrink."""
+        self._spans.append(Span(name=name, group=self.group_name, rank=self.rank, start=start, end=start + seconds))
 
 
 def _pin_process(cores: tuple[int, ...]) -> None:

@@ -1,0 +1,73 @@
+"""What the command-line entry points share: the config tree, composing it, and refusing bad input as one line.
+
+A config or placement that cannot run is refused with one line on stderr naming the key and value, and exit code 2,
+before Ray or any worker starts. `rlplace-pretrain` lives here too: it composes the same overrides as
+`rlplace-train` and makes (or finds) the model a reasoning run would start from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import NoReturn
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from rlplace.core.config import CONF_DIR
+from rlplace.families import register
+
+EXIT_BAD_CONFIG = 2
+
+
+def fail(message: str) -> NoReturn:
+    """Report a refused config as one line on stderr and exit with code 2."""
+    print(f"rlplace: error: {message}", file=sys.stderr)
+    sys.exit(EXIT_BAD_CONFIG)
+
+
+def describe_compose_error(err: Exception) -> str:
+    """One line from Hydra's composition error and its cause (which says what the value should have been)."""
+    parts = [" ".join(str(err).split("Config search path")[0].split())]
+    if err.__cause__ is not None:
+        parts.append(str(err.__cause__).splitlines()[0])
+    return ": ".join(parts)
+
+
+def compose_run(overrides: list[str]) -> DictConfig:
+    """The run config that `rlplace-train` would compose from `overrides`, without Hydra's run folder or logging;
+    composition errors exit 2 with one line."""
+    register()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name="train", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        fail(describe_compose_error(err))
+
+
+def pretrain_main(argv: list[str] | None = None) -> None:
+    """`rlplace-pretrain`: make (or find) the pretrained model of the run that the same overrides describe."""
+    import torch
+
+    from rlplace.core.errors import ConfigError
+    from rlplace.families import resolve
+    from rlplace.placement import PlacementError
+    from rlplace.reasoning.pretrain import STATS_FILE, pretrained_model_path
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    cfg = compose_run(sys.argv[1:] if argv is None else argv)
+    try:
+        plan = resolve(cfg)
+        if plan.family.name != "reasoning":
+            fail(f"task.name = {plan.cfg.task.name!r}: rlplace-pretrain pretrains the LM of a reasoning task")
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        folder = pretrained_model_path(plan.cfg)
+    except (ConfigError, PlacementError) as err:
+        fail(str(err))
+    stats_file = folder / STATS_FILE
+    accuracy = json.loads(stats_file.read_text())["accuracy_after"] if stats_file.is_file() else None
+    print(f"model: {folder}" + ("" if accuracy is None else f"  accuracy: {accuracy:.3f}"))

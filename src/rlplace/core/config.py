@@ -1,0 +1,261 @@
+"""The shared run schema: what every run has, whatever its task family.
+
+A run's config is composed by Hydra from `conf/train.yaml`. Its primary schema (`TrainSchema`) types the shared
+sections here; the family sections (`task`, `model`, `algorithm`, `rollout`, ...) are typed by their option files,
+each of which starts from its family's base dataclass in the ConfigStore (Hydra's schema-per-option pattern), so a
+wrong key or type is refused while composing. `to_typed` then builds the family's own dataclass (for example
+`rlplace.embodied.config.EmbodiedConfig`) and runs every section's `__post_init__` checks, before Ray or any worker
+starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from rlplace.core.errors import ConfigError, check, check_choice
+
+T = TypeVar("T")
+
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+"""The Hydra config tree at the repository root (the project installs editable)."""
+
+
+@dataclass
+class ClusterConfig:
+    """The devices a run holds and how Ray is reached."""
+
+    num_nodes: int = 1
+    """Nodes in the cluster; devices are numbered node-major across them."""
+    num_devices_per_node: int = 2
+    """Devices per node: GPUs, or logical devices (disjoint sets of CPU cores) when device_type=cpu."""
+    device_type: str = "cpu"
+    """`cpu`: logical devices backed by CPU cores, so placement has a real cost without GPUs; `gpu`: NVIDIA GPUs."""
+    address: str | None = None
+    """None starts an embedded local Ray; `auto` or `host:port` attaches to a running cluster."""
+    cpus_per_device: int | None = None
+    """Cores owned by each logical device; None splits each node's cores evenly."""
+    dashboard: bool = False
+    """Start Ray's dashboard with the embedded cluster."""
+    namespace: str | None = None
+    """Ray namespace; None gives every run its own."""
+    component_placement: dict[str, Any] = field(default_factory=dict)
+    """Component (or `a,b` for several) -> devices; the grammar is in DESIGN.md and rlplace.placement."""
+
+    def __post_init__(self) -> None:
+        check(self.num_nodes >= 1, "cluster.num_nodes", self.num_nodes, "at least 1")
+        check(self.num_devices_per_node >= 1, "cluster.num_devices_per_node", self.num_devices_per_node, "at least 1")
+        check_choice("cluster.device_type", self.device_type, ("cpu", "gpu"))
+        check(
+            self.cpus_per_device is None or self.cpus_per_device >= 1,
+            "cluster.cpus_per_device",
+            self.cpus_per_device,
+            "null or at least 1",
+        )
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.num_devices_per_node
+
+
+@dataclass
+class ComponentConfig:
+    """What every component section says about sharing devices (placement presets set it)."""
+
+    enable_offload: bool = False
+    """Move weights (and optimizer state) to pinned CPU memory while another component uses the shared devices."""
+
+
+@dataclass
+class PolicyGradientConfig:
+    """The clipped policy-gradient hyperparameters both families share (names follow the PPO paper and CleanRL).
+
+    Each family's algorithm section extends it; the update functions take that section as it is."""
+
+    name: str = "ppo"
+    """The algorithm; each family says which it has."""
+    group_size: int = 4
+    """Samples compared with each other: responses per prompt (reasoning), or neighbouring sub-envs for the embodied
+    `group_norm` estimator."""
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    lr: float = 2.5e-4
+    anneal_lr: bool = True
+    """Linearly decay the learning rate to 0 over runner.max_steps."""
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    """Minibatches (optimizer steps) per epoch over the whole batch (all actor ranks together)."""
+    clip_ratio_low: float = 0.2
+    """The ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high] (asymmetric: DAPO's clip-higher)."""
+    clip_ratio_high: float = 0.2
+    vf_coef: float = 0.5
+    ent_coef: float = 0.01
+    max_grad_norm: float = 0.5
+    clip_vloss: bool = True
+    """Clip the critic's prediction to within clip_ratio_low of its rollout-time value (CleanRL's clip_vloss)."""
+
+    def __post_init__(self) -> None:
+        check(self.group_size >= 1, "algorithm.group_size", self.group_size, "at least 1")
+        check(self.lr > 0, "algorithm.lr", self.lr, "positive")
+        check(self.update_epochs >= 1, "algorithm.update_epochs", self.update_epochs, "at least 1")
+        check(self.num_minibatches >= 1, "algorithm.num_minibatches", self.num_minibatches, "at least 1")
+
+    @property
+    def value_clip(self) -> float | None:
+        """The critic's clip range, or None when clip_vloss is off."""
+        return self.clip_ratio_low if self.clip_vloss else None
+
+
+@dataclass
+class WeightSyncConfig:
+    """How the actor's weights reach the rollout."""
+
+    bucket_mb: float = 64.0
+    """Weights travel in buckets of about this many MB."""
+
+    def __post_init__(self) -> None:
+        check(self.bucket_mb > 0, "weight_sync.bucket_mb", self.bucket_mb, "positive")
+
+
+@dataclass
+class RunnerConfig:
+    """The training loop."""
+
+    max_steps: int = 150
+    """Training steps (each: sync weights, generate, advantages, train, record)."""
+    seed: int = 1
+    save_interval: int = 0
+    """Checkpoint every this many steps; 0 saves only at the end."""
+    resume: str | None = None
+    """None starts fresh; `auto` continues the newest checkpoint of the run folder; or a checkpoint path."""
+    stop_when_solved: bool = True
+    """Stop before max_steps once the last 20 episodes reach task.solved_return (embodied tasks)."""
+    eval_interval: int = 10
+    """Reasoning tasks: steps between greedy evaluations on the held-out split (also before the first step and
+    after the last)."""
+
+
+@dataclass
+class WandbConfig:
+    project: str = "rlplace"
+    mode: str = "offline"
+    """`offline` (default; upload later with `wandb sync`), `online` or `disabled`."""
+    group: str | None = None
+    """Runs of one sweep share a group; None uses the run name."""
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_choice("logger.wandb.mode", self.mode, ("offline", "online", "disabled"))
+
+
+@dataclass
+class LoggerConfig:
+    backend: str = "wandb"
+    """`wandb`, `jsonl` or `none`; metrics.jsonl is written in the run folder in every case."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def __post_init__(self) -> None:
+        check_choice("logger.backend", self.backend, ("wandb", "jsonl", "none"))
+
+
+@dataclass
+class PlanConfig:
+    format: str = "table"
+    """How rlplace-plan prints the resolved placement: `table` or `json`."""
+
+    def __post_init__(self) -> None:
+        check_choice("plan.format", self.format, ("table", "json"))
+
+
+@dataclass
+class RunConfig:
+    """The sections every run has; a family's config (its `config.py`) adds its own."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+
+
+@dataclass
+class TrainSchema(RunConfig):
+    """Hydra's primary schema (`train_schema` in conf/train.yaml): the shared sections typed here, the family
+    sections typed by the schema their option file starts from; `actor` and `env` are set by placement presets."""
+
+    task: Any = MISSING
+    model: Any = MISSING
+    algorithm: Any = MISSING
+    rollout: Any = MISSING
+    actor: Any = None
+    env: Any = None
+
+
+def devices_resolver(lo: Any, hi: Any, *, _root_: DictConfig) -> str:
+    """`${devices:LO,HI}`: the devices in fractions [LO, HI) of the cluster, as a range such as `0-3`.
+
+    Placement presets use it so that one preset scales with the chosen cluster: `${devices:0,1/2}` is `0-3` on
+    8 devices and `0` on 2. A cluster too small for the preset gets a clear error instead of an empty range.
+    """
+    num_devices = int(_root_.cluster.num_nodes) * int(_root_.cluster.num_devices_per_node)
+    start = math.floor(Fraction(str(lo)) * num_devices)
+    stop = math.floor(Fraction(str(hi)) * num_devices)
+    if stop <= start:
+        raise ConfigError(
+            f"this placement preset asks for devices [{lo}, {hi}) of the cluster, an empty share of its "
+            f"{num_devices} device(s); choose a cluster with more devices or another placement"
+        )
+    return str(start) if stop - start == 1 else f"{start}-{stop - 1}"
+
+
+def options_of(group: str, family: str) -> list[str]:
+    """The options of config group `group` whose file starts from `family`'s schema, for error messages."""
+    marker = f"/schema/{group}/{family}@"
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if marker in p.read_text())
+
+
+def register_schema(group: str, name: str, node: type) -> None:
+    """Store a family's base dataclass for option files of `group` to start from (`/schema/<group>/<name>`)."""
+    ConfigStore.instance().store(group=f"schema/{group}", name=name, node=node)
+
+
+def register() -> None:
+    """Register the primary schema and the `devices` resolver with Hydra and OmegaConf (idempotent)."""
+    ConfigStore.instance().store(name="train_schema", node=TrainSchema)
+    if not OmegaConf.has_resolver("devices"):
+        OmegaConf.register_new_resolver("devices", devices_resolver)
+
+
+def to_typed(cfg: DictConfig, schema: type[T], family: str) -> T:
+    """Resolve interpolations and build `schema` (a family's config dataclass), running every section's checks.
+
+    A section the family does not have (set by a preset of the other family) and errors raised while resolving or
+    merging are re-raised as ConfigError naming the key, so callers have one exception type to report.
+    """
+    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
+
+    names = [f.name for f in fields(schema)]  # type: ignore[arg-type]
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    for key, value in raw.items():
+        if key not in names and value not in (None, MISSING):
+            raise ConfigError(
+                f"{key} = {value!r}: a {family} run has no {key} section (valid sections: {', '.join(names)}); "
+                f"is a preset of the other task family selected?"
+            )
+    try:
+        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.masked_copy(cfg, names)))
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{err.full_key} is missing: this option needs a value ({err.full_key}=...)") from err
+    except InterpolationResolutionError as err:
+        reason = err.msg.splitlines()[0].removeprefix(f"{ConfigError.__name__} raised while resolving interpolation: ")
+        raise ConfigError(f"{err.full_key}: {reason}") from err
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{err.full_key}: {str(err).splitlines()[0]}") from err
+    assert isinstance(typed, schema)
+    return typed

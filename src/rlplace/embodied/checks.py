@@ -1,0 +1,47 @@
+"""What an embodied run needs of its config beyond each field's own checks, refused before any worker starts.
+
+Kept apart from the runner so that `rlplace-plan` runs them without importing Ray or torch: a run that cannot
+work fails in a second with the key and value named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlplace.core import checkpoint
+from rlplace.core.errors import ConfigError
+from rlplace.embodied.config import EmbodiedConfig
+from rlplace.embodied.envs.registry import TASKS, resolve_env_id
+from rlplace.placement import ComponentPlacement
+
+
+def check_embodied(cfg: EmbodiedConfig, placement: ComponentPlacement) -> None:
+    """Task and env id agree; sub-envs divide over env processes, stages and actor ranks; a resume path exists."""
+    try:
+        resolve_env_id(cfg.task.env_id)
+    except ValueError as err:
+        raise ConfigError(f"task.env_id = {cfg.task.env_id!r}: {err}") from None
+    if cfg.task.name != next(k for k, v in TASKS.items() if v == resolve_env_id(cfg.task.env_id)):
+        raise ConfigError(
+            f"task.name = {cfg.task.name!r} does not match task.env_id = {cfg.task.env_id!r} "
+            f"(valid pairs: {', '.join(f'{k}/{v}' for k, v in TASKS.items())})"
+        )
+    streams = placement.get_world_size("env") * cfg.rollout.pipeline_stage_num
+    if cfg.task.total_num_envs % streams:
+        raise ConfigError(
+            f"task.total_num_envs = {cfg.task.total_num_envs} must divide evenly over env processes x "
+            f"rollout.pipeline_stage_num = {placement.get_world_size('env')} x {cfg.rollout.pipeline_stage_num}"
+        )
+    actors = placement.get_world_size("actor")
+    if cfg.task.total_num_envs % actors:
+        raise ConfigError(
+            f"task.total_num_envs = {cfg.task.total_num_envs} must divide evenly over the {actors} actor processes"
+        )
+    shard = cfg.task.total_num_envs // actors * cfg.rollout.num_steps
+    if shard < 2 * cfg.algorithm.num_minibatches:
+        raise ConfigError(
+            f"algorithm.num_minibatches = {cfg.algorithm.num_minibatches} is too many for each actor's batch of "
+            f"{shard} samples (task.total_num_envs / actor processes x rollout.num_steps)"
+        )
+    if cfg.runner.resume not in (None, "auto"):
+        checkpoint.resolve_resume(cfg.runner.resume, Path.cwd())

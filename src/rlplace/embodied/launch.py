@@ -1,0 +1,55 @@
+"""Launch an embodied run on a cluster: the env, rollout and actor groups where the placement says, then the loop.
+
+This is the whole user-facing flow (`Cluster` -> placement -> `create_group(...).launch(...)` -> runner), as
+`rlplace-train` runs it for an embodied task.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from rlplace.embodied.config import EmbodiedConfig
+from rlplace.embodied.runner import EmbodiedRunner
+from rlplace.embodied.workers import ActorWorker, EnvWorker, RolloutWorker
+from rlplace.metrics import MetricLogger
+from rlplace.placement import HybridComponentPlacement
+from rlplace.scheduler import Cluster
+
+
+def train(
+    cfg: EmbodiedConfig, cluster: Cluster, run_dir: Path, logger: MetricLogger, history: list[dict[str, float]]
+) -> dict[str, float]:
+    """Start the groups, run the loop; returns the last step's metrics plus `run/*` and `final/*`."""
+    placement = HybridComponentPlacement(cfg, cluster)
+    env = EnvWorker.create_group(cfg).launch(cluster, name="env", placement_strategy=placement.get_strategy("env"))
+    rollout = RolloutWorker.create_group(cfg, env.world_size, placement.get_world_size("actor")).launch(
+        cluster, name="rollout", placement_strategy=placement.get_strategy("rollout")
+    )
+    actor = ActorWorker.create_group(cfg, env.world_size * cfg.rollout.pipeline_stage_num).launch(
+        cluster, name="actor", placement_strategy=placement.get_strategy("actor")
+    )
+    runner = EmbodiedRunner(
+        cfg, actor=actor, rollout=rollout, env=env, placement=placement, run_dir=run_dir, logger=logger, history=history
+    )
+    runner.init_workers()
+    final = runner.run()
+    final["final/return_last20"] = final.get("env/return_last20", math.nan)
+    return final
+
+
+def run_labels(cfg: EmbodiedConfig) -> dict[str, Any]:
+    """What tells this run apart from others of a sweep besides its mode (run.json, wandb tags)."""
+    return {"stages": cfg.rollout.pipeline_stage_num}
+
+
+def summary(cfg: EmbodiedConfig, mode: str, final: dict[str, float], run_dir: Path) -> tuple[str, float]:
+    """The closing line, and the sweep objective (env steps/s over the run)."""
+    rate = final.get("run/env_steps_per_s", math.nan)
+    line = (
+        f"rlplace: done: {mode} placement, mean return of the last 20 episodes "
+        f"{final.get('env/return_last20', math.nan):.1f} after {final.get('env/total_steps', 0):.0f} env steps, "
+        f"{rate:.0f} env steps/s over the run; outputs in {run_dir}"
+    )
+    return line, rate

@@ -1,0 +1,196 @@
+"""EmbodiedRunner: the training loop of an embodied task, identical in every placement mode.
+
+Each step:
+  1. update_rollout_weights         actor rank 0 -> every rollout rank (bucketed broadcast, versioned)
+  2. generate_rollouts              env.interact, rollout.generate and actor.recv_rollout_batch run together,
+                                    exchanging observations and actions through two channels, stage by stage
+  3. compute_advantages_and_returns on the actor ranks (GAE or group-normalised)
+  4. run_training                   PPO, data-parallel over actor ranks
+  5. record                         time/*, throughput/*, util/*, train/*, env/* -> metrics.jsonl and the logger
+Before each phase the switch plan offloads the idle components that share devices with the working ones and
+onloads the working ones (`core.runner.PhaseSwitcher`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from rlplace.core import checkpoint
+from rlplace.core.runner import PhaseSwitcher, collect_spans, open_channels, placement_timeline
+from rlplace.embodied.config import COMPONENTS, EmbodiedConfig
+from rlplace.embodied.envs import EpisodeStats
+from rlplace.metrics import MetricLogger, PhaseTimer, TrainingProgress, throughput_metrics
+from rlplace.placement import ComponentPlacement
+from rlplace.scheduler import Channel, WorkerGroup, wait_all
+
+RETURN_WINDOW = 20
+"""`env/return_last20`: the mean return of the last this many finished episodes (CartPole is solved at 475)."""
+PHASES = (
+    ("sync_weights", frozenset({"actor", "rollout"})),
+    ("generate_rollouts", frozenset({"env", "rollout"})),
+    ("training", frozenset({"actor"})),
+)
+"""The phases of a step and the components that hold device memory in each (the actor only collects CPU
+trajectories while generating, so it may be offloaded then)."""
+
+
+class Channels(NamedTuple):
+    """The queues of generation. Each env stream has at most one message in flight each way, so a small bound on
+    observations and actions is plenty and catches a runaway producer; trajectories wait for the actor unbounded."""
+
+    obs: Channel
+    """env -> rollout: (observation, reward, done) per stream."""
+    actions: Channel
+    """rollout -> env: actions per stream."""
+    trajectories: Channel
+    """rollout -> actor: one `Trajectory` per stream and actor rank."""
+
+
+class EmbodiedRunner:
+    """Drives the env, rollout and actor groups through training steps; owns metrics, timeline and checkpoints."""
+
+    def __init__(
+        self,
+        cfg: EmbodiedConfig,
+        *,
+        actor: WorkerGroup,
+        rollout: WorkerGroup,
+        env: WorkerGroup,
+        placement: ComponentPlacement,
+        run_dir: Path,
+        logger: MetricLogger,
+        history: list[dict[str, float]] | None = None,
+    ) -> None:
+        self.cfg, self.actor, self.rollout, self.env = cfg, actor, rollout, env
+        self.placement, self.run_dir, self.logger = placement, run_dir, logger
+        self.history = [] if history is None else history
+        self.timer = PhaseTimer()
+        self.timeline = placement_timeline(placement, COMPONENTS)
+        offloadable = {name: getattr(cfg, name).enable_offload for name in COMPONENTS}
+        groups = {"actor": actor, "rollout": rollout, "env": env}
+        self.switcher = PhaseSwitcher(groups, placement, PHASES, offloadable, self.timer)
+        self.start_step = 0
+        self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
+        self.total_env_steps = 0
+        self.checkpoint_root = run_dir / "checkpoints"
+
+    def init_workers(self) -> None:
+        """Restore from `runner.resume` if it names a checkpoint; start with the actor's weights on its devices."""
+        resume = checkpoint.resolve_resume(self.cfg.runner.resume, self.checkpoint_root)
+        if resume is None:
+            return
+        wait_all(self.actor.load_checkpoint(str(resume)), self.env.load_checkpoint(str(resume)))
+        state = json.loads((resume / "runner.json").read_text())
+        self.start_step = state["step"]
+        self.total_env_steps = state["total_env_steps"]
+        self.recent_returns.extend(state["recent_returns"])
+        print(f"rlplace: resumed from {resume} at step {self.start_step}")
+
+    def run(self) -> dict[str, float]:
+        """Train `runner.max_steps` steps, or until the task is solved; returns the last step's metrics."""
+        cfg = self.cfg.runner
+        metrics: dict[str, float] = {}
+        start, steps_before = time.perf_counter(), self.total_env_steps
+        with (
+            open_channels(Channels, obs=2, actions=2, trajectories=0) as channels,
+            TrainingProgress(cfg.max_steps) as progress,
+        ):
+            progress.update(self.start_step)
+            for step in range(self.start_step, cfg.max_steps):
+                metrics = self.step(step, channels)
+                self.logger.log(metrics, step)
+                self.history.append(metrics)
+                progress.update(step + 1, metrics)
+                done = step + 1 == cfg.max_steps or self._solved()
+                if done or (cfg.save_interval and (step + 1) % cfg.save_interval == 0):
+                    self.save_checkpoint(step + 1)
+                if done:
+                    break
+        self.timeline.write(self.run_dir / "timeline.json")
+        metrics["run/env_steps_per_s"] = (self.total_env_steps - steps_before) / (time.perf_counter() - start)
+        return metrics
+
+    def _solved(self) -> bool:
+        stop = self.cfg.task.solved_return
+        return (
+            self.cfg.runner.stop_when_solved
+            and stop is not None
+            and len(self.recent_returns) == RETURN_WINDOW
+            and self.mean_return() >= stop
+        )
+
+    def mean_return(self) -> float:
+        return statistics.fmean(self.recent_returns) if self.recent_returns else float("nan")
+
+    def step(self, step: int, channels: Channels) -> dict[str, float]:
+        """One synchronous step: the rollout acts only with the weights of the previous `step` updates."""
+        t0 = time.time()
+        with self.timer.phase("step"):
+            self.switcher.before("sync_weights")
+            self.update_rollout_weights()
+            self.switcher.before("generate_rollouts")
+            episodes, env_steps = self.generate_rollouts(step, channels)
+            self.switcher.before("training")
+            self.compute_advantages_and_returns()
+            train_stats = self.run_training(step)
+        return self.record(t0, episodes, env_steps, train_stats)
+
+    def update_rollout_weights(self) -> None:
+        with self.timer.phase("sync_weights"):
+            wait_all(self.actor.sync_weights(), self.rollout.sync_weights())
+
+    def generate_rollouts(self, step: int, channels: Channels) -> tuple[list[EpisodeStats], int]:
+        """Env, rollout and actor together: observations and actions through two channels, stage by stage, and
+        trajectories into the actor. Returns the finished episodes and the env steps taken."""
+        with self.timer.phase("generate_rollouts"):
+            episodes, served, _ = wait_all(
+                self.env.interact(self.cfg.rollout.num_steps, channels.obs, channels.actions),
+                self.rollout.generate(step, step, channels.obs, channels.actions, channels.trajectories),
+                self.actor.recv_rollout_batch(channels.trajectories),
+            )
+        return episodes, sum(served)
+
+    def compute_advantages_and_returns(self) -> None:
+        with self.timer.phase("advantages"):
+            self.actor.compute_advantages_and_returns().wait()
+
+    def run_training(self, step: int) -> dict[str, float]:
+        with self.timer.phase("training"):
+            return self.actor.run_training(step).wait()[0]
+
+    def record(
+        self, t0: float, episodes: list[EpisodeStats], env_steps: int, train: dict[str, Any]
+    ) -> dict[str, float]:
+        t1 = time.time()
+        metrics = self.timer.step_metrics()
+        collect_spans(self.timer, self.timeline, (self.actor, self.rollout, self.env))
+        metrics["time/env"] = self.timeline.busy_seconds("env", t0, t1)
+        metrics["time/rollout"] = self.timeline.busy_seconds("rollout", t0, t1)
+        metrics.update(throughput_metrics(metrics["time/step"], self.placement.num_devices, env_steps=env_steps))
+        metrics.update(self.timeline.utilization(t0, t1))
+        metrics.update(train)
+        returns = [r for part in episodes for r in part.returns]
+        lengths = [n for part in episodes for n in part.lengths]
+        self.recent_returns.extend(returns)
+        self.total_env_steps += env_steps
+        if returns:
+            metrics["env/episode_return"] = statistics.fmean(returns)
+            metrics["env/episode_length"] = statistics.fmean(lengths)
+            metrics["env/episodes"] = len(returns)
+        metrics["env/return_last20"] = self.mean_return()
+        metrics["env/total_steps"] = self.total_env_steps
+        return metrics
+
+    def save_checkpoint(self, step: int) -> Path:
+        """Actor weights, optimizer and RNGs, env simulators, and the runner's counters: one atomic folder."""
+        with self.timer.phase("checkpoint"):
+            tmp = checkpoint.staging_dir(self.checkpoint_root, step)
+            wait_all(self.actor.save_checkpoint(str(tmp)), self.env.save_checkpoint(str(tmp)))
+            state = {"step": step, "total_env_steps": self.total_env_steps, "recent_returns": list(self.recent_returns)}
+            (tmp / "runner.json").write_text(json.dumps(state))
+            return checkpoint.commit(tmp)

@@ -1,0 +1,122 @@
+"""ActorWorker: PPO training, data-parallel over actor ranks.
+
+Every rank starts from the same seed (so identical initial weights), trains on its own shard of env columns and
+averages gradients with an all-reduce before each optimizer step. Minibatches are shuffled by a generator seeded
+identically on every rank, so ranks step in lockstep. Rank 0 owns weight sync and checkpoints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlplace.core.gradients import average_grads
+from rlplace.core.offload import move
+from rlplace.core.weights import broadcast_weights
+from rlplace.embodied.advantages import compute_advantages
+from rlplace.embodied.config import EmbodiedConfig
+from rlplace.embodied.envs import env_spec
+from rlplace.embodied.policy import MLPActorCritic
+from rlplace.embodied.ppo import ppo_update
+from rlplace.embodied.streams import actor_shard
+from rlplace.embodied.trajectory import Trajectory
+from rlplace.scheduler import Channel, Worker, timer
+
+
+class ActorWorker(Worker):
+    def __init__(self, cfg: EmbodiedConfig, num_streams: int) -> None:
+        self.cfg = cfg
+        self.num_streams = num_streams
+        spec = env_spec(cfg.task.env_id)
+        torch.manual_seed(cfg.runner.seed)
+        self.model = MLPActorCritic(spec.obs_dim, spec.action, cfg.model.hidden_sizes, cfg.model.activation)
+        self.model.to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algorithm.lr, eps=1e-5)
+        self.generator = torch.Generator().manual_seed(cfg.runner.seed)
+        self.version = 0
+        """Weight version: the number of PPO updates these weights have had."""
+        self.shard = actor_shard(cfg.task.total_num_envs, self.rank, self.world_size)
+        self.batch: Trajectory | None = None
+        self.advantages: torch.Tensor | None = None
+        self.returns: torch.Tensor | None = None
+        if self.world_size > 1:
+            self.init_process_group()
+
+    @timer("sync_weights")
+    def sync_weights(self) -> int:
+        """Rank 0 broadcasts the current weights and their version to every rollout rank, in buckets."""
+        if self.rank == 0:
+            bucket_mb = self.cfg.weight_sync.bucket_mb
+            broadcast_weights(self, self.model, self.version, dst_group="rollout", bucket_mb=bucket_mb)
+        return self.version
+
+    def recv_rollout_batch(self, trajectory_channel: Channel) -> int:
+        """Collect every stream's trajectory from `trajectory_channel` and keep this rank's env columns.
+
+        Not timed as a whole: it mostly waits for the rollout, and the timeline should show the actor idle then.
+        """
+        parts = [trajectory_channel.get(key=f"actor{self.rank}") for _ in range(self.num_streams)]
+        with self.span("recv_rollout_batch"):
+            self.batch = Trajectory.merge(parts).columns(*self.shard)
+        return int(self.batch.rewards.numel())
+
+    @timer("advantages")
+    def compute_advantages_and_returns(self) -> None:
+        assert self.batch is not None, "recv_rollout_batch must run first"
+        self.advantages, self.returns = compute_advantages(self.batch, self.cfg.algorithm)
+
+    @timer("training")
+    def run_training(self, step: int) -> dict[str, float]:
+        """One PPO update on this rank's shard; returns train/* stats (identical on every rank up to float order)."""
+        batch, alg = self.batch, self.cfg.algorithm
+        assert batch is not None and self.advantages is not None and self.returns is not None
+        if alg.anneal_lr:
+            for group in self.optimizer.param_groups:
+                group["lr"] = alg.lr * (1.0 - step / self.cfg.runner.max_steps)
+        flat = {
+            "obs": batch.obs.flatten(0, 1),
+            "actions": batch.actions.flatten(0, 1),
+            "logprobs": batch.logprobs.flatten(),
+            "values": batch.values.flatten(),
+            "advantages": self.advantages.flatten(),
+            "returns": self.returns.flatten(),
+        }
+        flat = {k: v.to(self.device) for k, v in flat.items()}
+        allreduce = self._average_grads if self.world_size > 1 else None
+        stats = ppo_update(self.model, self.optimizer, flat, alg, self.generator, allreduce)
+        self.version += 1
+        stats["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        return stats
+
+    def _average_grads(self, grads: list[torch.Tensor]) -> None:
+        average_grads(grads, self.world_size)
+
+    @timer("offload")
+    def offload(self) -> int:
+        return move(self.model, self.optimizer, torch.device("cpu")).bytes
+
+    @timer("onload")
+    def onload(self) -> int:
+        return move(self.model, self.optimizer, self.device).bytes
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Rank 0 writes weights, optimizer, and RNG states (all ranks hold the same ones)."""
+        if self.rank != 0:
+            return
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "version": self.version,
+        }
+        torch.save(state, Path(folder) / "actor.pt")
+
+    def load_checkpoint(self, folder: str) -> None:
+        state = torch.load(Path(folder) / "actor.pt", map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        self.version = state["version"]

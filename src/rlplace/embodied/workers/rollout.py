@@ -1,0 +1,92 @@
+"""RolloutWorker: policy inference answering env observations, stream by stream, and assembling trajectories.
+
+Sampling randomness comes from `uniform_noise(seed, global env index, global step)`, never from a stateful RNG, so
+the actions do not depend on how envs are split over workers and stages. Weights arrive from actor rank 0 with a
+version number; in synchronous training the rollout refuses to act on a stale version.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlplace.core.offload import move
+from rlplace.core.rng import uniform_noise
+from rlplace.core.weights import StaleWeightsError, receive_weights
+from rlplace.embodied.config import EmbodiedConfig
+from rlplace.embodied.envs import env_spec
+from rlplace.embodied.policy import MLPActorCritic
+from rlplace.embodied.streams import all_streams, streams_of_rollout
+from rlplace.embodied.trajectory import Trajectory
+from rlplace.scheduler import Channel, Worker, timer
+
+
+class RolloutWorker(Worker):
+    def __init__(self, cfg: EmbodiedConfig, env_world_size: int, actor_world_size: int) -> None:
+        self.cfg = cfg
+        self.actor_world_size = actor_world_size
+        spec = env_spec(cfg.task.env_id)
+        self.model = MLPActorCritic(spec.obs_dim, spec.action, cfg.model.hidden_sizes, cfg.model.activation)
+        self.model.requires_grad_(False)
+        self.model.to(self.device)
+        self.obs_dim = spec.obs_dim
+        self.action_shape = () if spec.action.discrete else (spec.action.dim,)
+        self.version = -1
+        streams = all_streams(cfg.task.total_num_envs, env_world_size, cfg.rollout.pipeline_stage_num)
+        self.streams = streams_of_rollout(streams, self.rank, self.world_size)
+
+    @timer("sync_weights")
+    def sync_weights(self) -> int:
+        """Receive the actor's weights (broadcast by actor rank 0); returns their version."""
+        self.version = receive_weights(self, self.model, src_group="actor")
+        return self.version
+
+    @torch.no_grad()
+    def generate(
+        self, step: int, version: int, obs_channel: Channel, action_channel: Channel, trajectory_channel: Channel
+    ) -> int:
+        """Answer `rollout.num_steps` observations on each of this rank's streams; send trajectories to the actor.
+
+        `step` is the training step: the noise for env i at its t-th action of this step is keyed by
+        `step * num_steps + t`, a global env-step counter. Returns the number of env steps served.
+        """
+        if self.version != version:
+            raise StaleWeightsError(
+                f"rollout rank {self.rank} holds weights v{self.version}, asked to act with v{version}"
+            )
+        num_steps = self.cfg.rollout.num_steps
+        buffers = [
+            Trajectory.allocate(num_steps, torch.arange(s.start, s.end), self.obs_dim, self.action_shape)
+            for s in self.streams
+        ]
+        for t in range(num_steps + 1):
+            for stream, traj in zip(self.streams, buffers, strict=True):
+                obs, reward, done = obs_channel.get(key=stream.key)
+                obs, done = torch.tensor(obs), torch.tensor(done)  # copies: Ray hands over read-only arrays
+                if t > 0:
+                    traj.rewards[t - 1] = torch.tensor(reward)
+                if t == num_steps:
+                    with self.span("rollout_infer"):
+                        traj.last_value = self.model.value(obs.to(self.device)).cpu()
+                    traj.last_done = done
+                    continue
+                with self.span("rollout_infer"):
+                    noise = uniform_noise(
+                        self.cfg.runner.seed, traj.env_indices, step * num_steps + t, self.model.noise_dim
+                    )
+                    action, logprob, value = self.model.act(obs.to(self.device), noise.to(self.device))
+                    action, logprob, value = action.cpu(), logprob.cpu(), value.cpu()
+                action_channel.put(action.numpy(), key=stream.key)
+                traj.obs[t], traj.dones[t], traj.actions[t] = obs, done, action.to(traj.actions.dtype)
+                traj.logprobs[t], traj.values[t] = logprob, value
+        for traj in buffers:
+            for actor_rank in range(self.actor_world_size):
+                trajectory_channel.put(traj, key=f"actor{actor_rank}")
+        return num_steps * sum(s.end - s.start for s in self.streams)
+
+    @timer("offload")
+    def offload(self) -> int:
+        return move(self.model, None, torch.device("cpu")).bytes
+
+    @timer("onload")
+    def onload(self) -> int:
+        return move(self.model, None, self.device).bytes

@@ -1,0 +1,99 @@
+"""The task families a run can belong to, and `resolve`: composed config -> typed config -> checked placement.
+
+The family of a run is the one whose task schema the chosen `task` option starts from; its other sections must
+come from the same family. Both CLIs resolve through here, so what `rlplace-plan` prints is what `rlplace-train`
+runs. Only light modules are imported: the family's launcher (Ray, torch) is imported when a run starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlplace.core.config import RunConfig, options_of, to_typed
+from rlplace.core.config import register as register_core
+from rlplace.core.errors import ConfigError
+from rlplace.embodied import checks as embodied_checks
+from rlplace.embodied import config as embodied_config
+from rlplace.placement import ComponentPlacement, HybridComponentPlacement
+from rlplace.reasoning import checks as reasoning_checks
+from rlplace.reasoning import config as reasoning_config
+
+OPTION_SECTIONS = {"task": "name", "model": "name", "algorithm": "name", "rollout": "backend"}
+"""The sections chosen by a config group option, and the field that names the option's kind."""
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    schema: type[RunConfig]
+    """The whole run's dataclass (EmbodiedConfig, ReasoningConfig)."""
+    check: Callable[[Any, ComponentPlacement], None]
+    """Checks that need the placement, run before any worker starts."""
+    launcher: str
+    """Module with `train(plan, cluster, run_dir, logger, history)` and `summary(plan, final, run_dir)`."""
+
+    def option_types(self) -> dict[str, type]:
+        """Section -> the dataclass this family's options of that config group start from."""
+        hints = get_type_hints(self.schema)
+        return {section: hints[section] for section in OPTION_SECTIONS}
+
+
+FAMILIES = (
+    Family("embodied", embodied_config.EmbodiedConfig, embodied_checks.check_embodied, "rlplace.embodied.launch"),
+    Family("reasoning", reasoning_config.ReasoningConfig, reasoning_checks.check_reasoning, "rlplace.reasoning.launch"),
+)
+
+
+@dataclass
+class Plan:
+    """A resolved run: its family, typed config, and the placement of every component."""
+
+    family: Family
+    cfg: Any
+    placement: ComponentPlacement
+
+    @property
+    def launcher(self) -> Any:
+        return importlib.import_module(self.family.launcher)
+
+
+def register() -> None:
+    """Register the primary schema and every family's option schemas with Hydra (idempotent)."""
+    register_core()
+    embodied_config.register()
+    reasoning_config.register()
+
+
+def family_of(cfg: DictConfig) -> Family:
+    """The family whose task schema the task option starts from; every other option must be of the same family."""
+    task_type = OmegaConf.get_type(cfg, "task")
+    family = next((f for f in FAMILIES if task_type is f.option_types()["task"]), None)
+    if family is None:
+        raise ConfigError(
+            f"task = {OmegaConf.to_container(cfg.task)!r}: a task option must start from a task schema "
+            f"(defaults: [/schema/task/<{'|'.join(f.name for f in FAMILIES)}>@_here_])"
+        )
+    for section, key in OPTION_SECTIONS.items():
+        expected = family.option_types()[section]
+        if OmegaConf.get_type(cfg, section) is not expected:
+            other = next(f.name for f in FAMILIES if OmegaConf.get_type(cfg, section) is f.option_types()[section])
+            raise ConfigError(
+                f"{section}: the chosen option ({section}.{key} = {cfg[section][key]!r}) is a {other}-family option, but "
+                f"task.name = {cfg.task.name!r} is a {family.name}-family task (valid: "
+                f"{', '.join(f'{section}={name}' for name in options_of(section, family.name))})"
+            )
+    return family
+
+
+def resolve(cfg: DictConfig) -> Plan:
+    """Turn a composed config into a checked plan; raises ConfigError or PlacementError naming key and value."""
+    family = family_of(cfg)
+    typed = to_typed(cfg, family.schema, family.name)
+    placement = HybridComponentPlacement(typed)
+    family.check(typed, placement)
+    return Plan(family, typed, placement)

@@ -1,5 +1,0 @@
-"""Policies: the actor-critic MLP for embodied tasks."""
-
-from .mlp_policy import MLPActorCritic
-
-__all__ = ["MLPActorCritic"]

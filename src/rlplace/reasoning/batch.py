@@ -1,0 +1,101 @@
+"""`SequenceBatch`: the unit that flows rollout -> reward -> inference -> actor in reasoning tasks.
+
+One batch is one micro-batch of prompts, each answered `group_size` times, rows of one prompt adjacent. Prompts are
+left-padded to a common width and responses right-padded to `rollout.max_new_tokens`, so that `prompt + response`
+rows line up: the response always starts at column `prompt_width`, and every micro-batch of a step has the same
+response width, whichever worker made it. Fields fill in as the batch moves down the pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+from torch import Tensor
+
+from .losses import logprobs_from_logits
+
+
+@dataclass
+class SequenceBatch:
+    index: int
+    """Micro-batch number within the step; the actor orders what it receives by it, so arrival order never
+    matters."""
+    prompts: Tensor
+    """[B, P] prompt token ids, left-padded with the pad id."""
+    prompt_mask: Tensor
+    """[B, P] 1 on real prompt tokens."""
+    responses: Tensor
+    """[B, T] response token ids, right-padded with the pad id; T = rollout.max_new_tokens."""
+    response_mask: Tensor
+    """[B, T] 1 on generated tokens (the EOS that ended a response included)."""
+    answers: list[str]
+    """Reference answer of each row (repeated across a prompt's group)."""
+    rewards: Tensor | None = None
+    """[B] verifier rewards (filled by the reward worker)."""
+    old_logprobs: Tensor | None = None
+    """[B, T] log-probs of the responses under the weights that generated them (inference worker)."""
+    ref_logprobs: Tensor | None = None
+    """[B, T] log-probs under the reference (initial) model, when algorithm.kl_coef > 0 (inference worker)."""
+    meta: dict[str, float] = field(default_factory=dict)
+    """Per-micro-batch measurements on its way (e.g. generation seconds), summed by the runner."""
+
+    @property
+    def input_ids(self) -> Tensor:
+        return torch.cat([self.prompts, self.responses], dim=1)
+
+    @property
+    def attention_mask(self) -> Tensor:
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.prompts.shape[0])
+
+    @staticmethod
+    def concat(parts: list[SequenceBatch]) -> SequenceBatch:
+        """One batch of every part's rows, in micro-batch order; prompts re-padded on the left to a common width."""
+        parts = sorted(parts, key=lambda p: p.index)
+        width = max(p.prompts.shape[1] for p in parts)
+
+        def left_pad(t: Tensor, value: int) -> Tensor:
+            return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+        merged: dict[str, object] = {
+            "index": parts[0].index,
+            "prompts": torch.cat([left_pad(p.prompts, 0) for p in parts]),
+            "prompt_mask": torch.cat([left_pad(p.prompt_mask, 0) for p in parts]),
+            "answers": [a for p in parts for a in p.answers],
+            "meta": {k: sum(p.meta.get(k, 0.0) for p in parts) for k in parts[0].meta},
+        }
+        for f in fields(SequenceBatch):
+            if f.name not in merged:
+                values = [getattr(p, f.name) for p in parts]
+                merged[f.name] = None if values[0] is None else torch.cat(values)
+        return SequenceBatch(**merged)  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def response_logprobs(model: torch.nn.Module, batch: SequenceBatch, micro_rows: int = 64) -> Tensor:
+    """[B, T] log-probs (on the CPU) of each response token under `model`, `micro_rows` rows per forward pass."""
+    out = []
+    width = batch.prompts.shape[1]
+    ids, mask = batch.input_ids, batch.attention_mask
+    for start in range(0, batch.num_rows, micro_rows):
+        rows = slice(start, start + micro_rows)
+        logits = response_logits(model, ids[rows], mask[rows], width)
+        out.append(logprobs_from_logits(logits, ids[rows, width:].to(logits.device)).cpu())
+    return torch.cat(out)
+
+
+def response_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_width: int) -> Tensor:
+    """[B, T, V] logits predicting the tokens after `prompt_width` (the responses), on the model's device.
+
+    Positions count real tokens only (left padding does not shift them), as generation counted them, so training
+    scores each token at the position the rollout generated it.
+    """
+    device = next(model.parameters()).device
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    return logits[:, prompt_width - 1 : -1]

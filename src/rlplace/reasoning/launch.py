@@ -1,0 +1,65 @@
+"""Launch a reasoning run on a cluster: the rollout, reward, inference and actor groups where the placement says,
+all starting from the same model folder, then the loop. The reasoning counterpart of `embodied.launch`, as
+`rlplace-train` runs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlplace.metrics import MetricLogger
+from rlplace.placement import HybridComponentPlacement
+from rlplace.reasoning.config import ReasoningConfig
+from rlplace.reasoning.pretrain import pretrained_model_path
+from rlplace.reasoning.runner import ReasoningRunner
+from rlplace.reasoning.workers import InferenceWorker, LLMActorWorker, LLMRolloutWorker, RewardWorker
+from rlplace.scheduler import Cluster, WorkerGroup
+
+
+def train(
+    cfg: ReasoningConfig, cluster: Cluster, run_dir: Path, logger: MetricLogger, history: list[dict[str, float]]
+) -> dict[str, float]:
+    """Find (or pretrain) the starting model, start the groups, run the loop; returns the last step's metrics plus
+    `run/*` and `eval/accuracy_{before,after}`."""
+    model_path = str(pretrained_model_path(cfg))
+    placement = HybridComponentPlacement(cfg, cluster)
+
+    def launch(worker: type, name: str, *args: object) -> WorkerGroup:
+        return worker.create_group(cfg, model_path, *args).launch(
+            cluster, name=name, placement_strategy=placement.get_strategy(name)
+        )
+
+    actor = launch(LLMActorWorker, "actor")
+    inference = launch(InferenceWorker, "inference", actor.world_size)
+    reward = launch(RewardWorker, "reward", inference.world_size)
+    rollout = launch(LLMRolloutWorker, "rollout", reward.world_size)
+    runner = ReasoningRunner(
+        cfg,
+        actor=actor,
+        rollout=rollout,
+        reward=reward,
+        inference=inference,
+        placement=placement,
+        run_dir=run_dir,
+        logger=logger,
+        history=history,
+    )
+    runner.init_workers()
+    return runner.run()
+
+
+def run_labels(cfg: ReasoningConfig) -> dict[str, Any]:
+    """What tells this run apart from others of a sweep besides its mode: nothing yet (no pipeline stages)."""
+    return {}
+
+
+def summary(cfg: ReasoningConfig, mode: str, final: dict[str, float], run_dir: Path) -> tuple[str, float]:
+    """The closing line, and the sweep objective (held-out accuracy after training)."""
+    line = (
+        f"rlplace: done: {mode} placement, held-out accuracy "
+        f"{final['eval/accuracy_before']:.3f} -> {final['eval/accuracy_after']:.3f} after "
+        f"{cfg.runner.max_steps} steps, {final['run/train_seconds']:.0f} s of training, "
+        f"{final['run/tokens_per_s']:.0f} tokens/s; outputs (and final_model/) in {run_dir}"
+    )
+    return line, final["eval/accuracy_after"]

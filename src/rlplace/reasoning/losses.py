@@ -1,0 +1,109 @@
+"""Token-level losses for LLM RL: PPO's clipped surrogate, KL estimators, the critic loss, and per-token log-probs and
+entropies from logits, as pure tensor functions.
+
+Tensors are [B, T] over response tokens, right-padded, with `mask` the response mask (see `token_advantages`).
+Padding never reaches a loss: every reduction is a masked one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .advantages import masked_mean
+
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean")
+KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
+
+
+def aggregate_loss(loss_mat: Tensor, mask: Tensor, agg: str) -> Tensor:
+    """Reduce a [B, T] per-token loss to a scalar.
+
+    "token_mean": every valid token weighs the same (DAPO's token-level loss), so long responses weigh more.
+    "seq_mean_token_mean": the mean over responses (with at least one valid token) of each response's token mean
+    (GRPO's original form), so every response weighs the same whatever its length.
+    """
+    if agg == "token_mean":
+        return masked_mean(loss_mat, mask)
+    if agg == "seq_mean_token_mean":
+        seq_losses = masked_mean(loss_mat, mask, dim=-1)
+        return masked_mean(seq_losses, mask.sum(-1) > 0)
+    raise ValueError(f"unknown agg {agg!r}: valid are {', '.join(LOSS_AGGREGATIONS)}")
+
+
+def token_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    agg: str = "token_mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped surrogate per token, negated: max(-A * r, -A * clip(r, 1 - low, 1 + high)), aggregated by `agg`.
+
+    r = exp(logprobs - old_logprobs). Separate low and high bounds allow DAPO's clip-higher (a larger `high` leaves
+    room to raise unlikely tokens). Stats, detached: `clip_frac` is the fraction of valid tokens where the clipped
+    term wins strictly, i.e. where the token's gradient is cut off (verl's pg_clipfrac); `approx_kl` is the masked
+    mean of k3, (r - 1) - log r, an unbiased non-negative estimate of KL(old || new), as the embodied
+    `ppo_policy_loss` reports it.
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = log_ratio.exp()
+    surrogate = -advantages * ratio
+    clipped_surrogate = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss = aggregate_loss(torch.max(surrogate, clipped_surrogate), mask, agg)
+    with torch.no_grad():
+        clip_frac = masked_mean((clipped_surrogate > surrogate).to(ratio.dtype), mask)
+        approx_kl = masked_mean((ratio - 1.0) - log_ratio, mask)
+    return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl}
+
+
+def kl_divergence(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
+    """Per-token estimate of KL(policy || reference) from the sampled tokens' log-probs (Schulman's k1, k2, k3).
+
+    k1 = log p - log q (unbiased, high variance, can be negative); k2 = 0.5 * (log p - log q)^2 (biased, low
+    variance); k3 = "low_var_kl" = q/p - log(q/p) - 1 (unbiased, non-negative). k3 follows verl: log(q/p) is clamped
+    to [-20, 20] so exp cannot overflow (an inf there would make the gradient NaN), and the result to [-10, 10].
+    """
+    if kind == "k1":
+        return logprobs - ref_logprobs
+    if kind == "k2":
+        return 0.5 * (logprobs - ref_logprobs) ** 2
+    if kind in ("k3", "low_var_kl"):
+        log_q_over_p = torch.clamp(ref_logprobs - logprobs, min=-20.0, max=20.0)
+        return torch.clamp(log_q_over_p.exp() - log_q_over_p - 1.0, min=-10.0, max=10.0)
+    raise ValueError(f"unknown kl kind {kind!r}: valid are {', '.join(KL_KINDS)}")
+
+
+def token_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None) -> Tensor:
+    """Half the squared error to the returns, token-mean over valid tokens; with `clip`, the pessimistic max over the
+    prediction clipped to within `clip` of the rollout-time value (PPO's trust region for the critic)."""
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        return 0.5 * masked_mean(unclipped, mask)
+    clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
+    return 0.5 * masked_mean(torch.max(unclipped, (clipped_values - returns) ** 2), mask)
+
+
+def logprobs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
+    """log softmax(logits)[token] per position, in float32: [..., V] logits and [...] tokens -> [...].
+
+    Computed as logit[token] - logsumexp(logits), which never materialises the [..., V] log-softmax; float32 because
+    bf16 log-probs are too coarse for importance ratios.
+    """
+    logits = logits.float()
+    picked = logits.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) per position, in float32: logsumexp(z) - sum(softmax(z) * z).
+
+    The logits are first shifted so their max is 0 (entropy does not change): both terms then stay small, and their
+    difference keeps its precision even for logits around 1e4, where float32 would otherwise lose it.
+    """
+    logits = logits.float()
+    logits = logits - logits.max(dim=-1, keepdim=True).values.detach()
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)

@@ -1,0 +1,266 @@
+"""Supervised pretraining of the tiny LM on its task, up to partial accuracy, cached so that RL starts from it.
+
+RL with a verifiable reward learns nothing from a model that never answers correctly (every reward is 0, every
+group-normalised advantage is 0), and has nothing left to learn from one that always does. So a freshly built tiny
+LM is first fine-tuned on (prompt, answer) pairs of its task until greedy exact-match accuracy on the held-out split
+reaches `model.pretrain.target_accuracy`, and RL starts from there. The result depends only on the problems, the
+model shape and the pretraining config, so it is made once per such combination and cached under
+`outputs/pretrained/`, keyed by a hash of exactly those fields; every run (and every placement) then starts from the
+same weights. The folder appears atomically: a crashed or concurrent pretraining never leaves a half-written one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from rlplace.core.errors import check
+from rlplace.reasoning.config import ReasoningConfig
+from rlplace.reasoning.models.hf_folder import check_model_folder
+from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
+from rlplace.reasoning.tasks import make_prompt_source
+from rlplace.reasoning.tasks.prompts import Problem, verify
+
+log = logging.getLogger(__name__)
+
+CACHE_ROOT = Path("outputs/pretrained")
+STATS_FILE = "pretrain.json"
+"""Written into the model folder: accuracy before and after, steps, seconds, the eval history and the keyed config."""
+IGNORE_INDEX = -100
+"""Label of tokens the SFT loss skips (BOS, prompt and padding): the model learns to answer, not to ask."""
+TASK_KEY_FIELDS = (
+    "name",
+    "min_digits",
+    "max_digits",
+    "operations",
+    "eval_size",
+    "data_seed",
+    "train_path",
+    "eval_path",
+)
+"""The task fields that define its problems; the others (e.g. prompts_per_step) do not change pretraining."""
+WARMUP_STEPS = 50
+"""Linear learning-rate warmup: without it, AdamW's first large steps from a random init stall the loss for longer."""
+MAX_GRAD_NORM = 1.0
+
+
+def cache_config(cfg: ReasoningConfig) -> dict[str, Any]:
+    """Everything the pretrained weights depend on, and nothing else: the cache key is a hash of it."""
+    return {
+        "task": {name: getattr(cfg.task, name) for name in TASK_KEY_FIELDS},
+        "shape": dataclasses.asdict(TinyLMShape()),
+        "pretrain": dataclasses.asdict(cfg.model.pretrain),
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+    }
+
+
+def cache_key(cfg: ReasoningConfig) -> str:
+    """A short sha256 of `cache_config`, stable across processes and Python versions."""
+    return hashlib.sha256(json.dumps(cache_config(cfg), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def pretrained_model_path(cfg: ReasoningConfig, cache_root: Path = CACHE_ROOT) -> Path:
+    """The model folder a reasoning run starts from.
+
+    `model.path` when set (checked with check_model_folder); for `model.name == tiny_lm` without a path, the cached
+    pretrained folder for this (task, shape, pretrain config), made by `pretrain` on first use.
+    """
+    if cfg.model.path is not None:
+        return check_model_folder(cfg.model.path)
+    check(
+        cfg.model.name == "tiny_lm",
+        "model.path",
+        None,
+        "a local Hugging Face model folder (only model=tiny_lm is built)",
+    )
+    folder = Path(cache_root) / f"tiny_lm-{cfg.task.name}-{cache_key(cfg)}"
+    if (folder / STATS_FILE).is_file():
+        log.info("pretrained model: %s (cached)", folder)
+        return folder
+    pretrain(cfg, folder)
+    return folder
+
+
+def pretrain(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
+    """Build a fresh tiny LM, fine-tune it on the task to partial accuracy, and move it into `folder` atomically.
+
+    Everything is written into a temporary folder next to `folder` and renamed into place last, so `folder` either
+    does not exist or is complete. If another process renamed its own result into place first, theirs is kept
+    (same key, same config, same seed) and its stats are returned.
+    """
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        build_tiny_lm(tmp, TinyLMShape(), seed=cfg.model.pretrain.seed)
+        stats = fine_tune(cfg, tmp)
+        (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not (folder / STATS_FILE).is_file():
+                raise
+            log.info("another process pretrained %s first; keeping theirs", folder)
+            return json.loads((folder / STATS_FILE).read_text())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info(
+        "pretrained model: %s (accuracy %.3f -> %.3f in %d steps, %.1f s)",
+        folder,
+        stats["accuracy_before"],
+        stats["accuracy_after"],
+        stats["steps"],
+        stats["seconds"],
+    )
+    return stats
+
+
+def fine_tune(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
+    """SFT of the model in `folder`, saved back in place; evaluates every eval_interval steps and stops at target."""
+    pre = cfg.model.pretrain
+    torch.manual_seed(pre.seed)
+    source = make_prompt_source(cfg.task)
+    eval_set = source.eval_set()
+    tokenizer = load_tokenizer(folder)
+    model = load_causal_lm(folder)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=pre.lr)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP_STEPS))
+    max_new_tokens = cfg.rollout.max_new_tokens
+    start = time.monotonic()
+
+    def evaluate(step: int, train_losses: list[float]) -> dict[str, Any]:
+        point = {
+            "step": step,
+            "train_loss": sum(train_losses) / len(train_losses) if train_losses else None,
+            "eval_loss": sft_loss(model, tokenizer, eval_set),
+            "accuracy": greedy_accuracy(model, tokenizer, eval_set, max_new_tokens),
+            "seconds": round(time.monotonic() - start, 2),
+        }
+        log.info(
+            "pretrain step %d: train_loss %s  eval_loss %.4f  accuracy %.3f  (%.1f s)",
+            step,
+            "-" if point["train_loss"] is None else f"{point['train_loss']:.4f}",
+            point["eval_loss"],
+            point["accuracy"],
+            point["seconds"],
+        )
+        return point
+
+    history = [evaluate(0, [])]
+    losses: list[float] = []
+    step = 0
+    while step < pre.max_steps and history[-1]["accuracy"] < pre.target_accuracy:
+        model.train()
+        loss = sft_loss(model, tokenizer, source.train_batch(step, pre.batch_size), grad=True)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer.step()
+        warmup.step()
+        losses.append(loss.item())
+        step += 1
+        if step % pre.eval_interval == 0 or step == pre.max_steps:
+            history.append(evaluate(step, losses))
+            losses = []
+    model.eval()
+    model.save_pretrained(folder)
+    return {
+        "accuracy_before": history[0]["accuracy"],
+        "accuracy_after": history[-1]["accuracy"],
+        "steps": step,
+        "seconds": round(time.monotonic() - start, 2),
+        "history": history,
+        "key": cache_key(cfg),
+        "config": cache_config(cfg),
+    }
+
+
+def sft_batch(tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem]) -> dict[str, torch.Tensor]:
+    """BOS + prompt + answer + EOS per problem, right-padded; labels only on answer and EOS tokens.
+
+    Right padding keeps every sequence's positions at 0, 1, 2, ... as in unpadded generation (left-padded
+    generation derives the same positions from the attention mask).
+    """
+    prompts = tokenizer([p.prompt for p in problems], add_special_tokens=True)["input_ids"]
+    answers = tokenizer([p.answer for p in problems], add_special_tokens=False)["input_ids"]
+    length = max(len(p) + len(a) + 1 for p, a in zip(prompts, answers, strict=True))
+    input_ids = torch.full((len(problems), length), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(problems), length), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(problems), length), dtype=torch.long)
+    for row, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
+        target = [*answer, tokenizer.eos_token_id]
+        end = len(prompt) + len(target)
+        input_ids[row, :end] = torch.tensor(prompt + target)
+        labels[row, len(prompt) : end] = torch.tensor(target)
+        attention_mask[row, :end] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def sft_loss(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem], grad: bool = False
+) -> torch.Tensor | float:
+    """Mean cross-entropy over answer and EOS tokens: a tensor to backpropagate with grad=True, else a float."""
+    batch = {k: v.to(model.device) for k, v in sft_batch(tokenizer, problems).items()}
+    if grad:
+        return model(**batch).loss
+    with torch.no_grad():
+        return model(**batch).loss.item()
+
+
+def greedy_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    max_new_tokens: int,
+    batch_size: int = 256,
+) -> float:
+    """Share of problems whose greedy response `verify` accepts: the held-out metric pretraining stops on."""
+    if not problems:
+        raise ValueError("greedy_accuracy needs at least one problem")
+    responses = greedy_responses(model, tokenizer, [p.prompt for p in problems], max_new_tokens, batch_size)
+    return sum(verify(r, p.answer) for r, p in zip(responses, problems, strict=True)) / len(problems)
+
+
+@torch.no_grad()
+def greedy_responses(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    batch_size: int = 256,
+) -> list[str]:
+    """Greedy continuation of each prompt, decoded without special tokens; prompts are left-padded in batches.
+
+    With left padding every prompt ends where generation starts, and generate derives position ids from the
+    attention mask, so each response is the one the prompt alone would get.
+    """
+    was_training = model.training
+    model.eval()
+    responses: list[str] = []
+    for first in range(0, len(prompts), batch_size):
+        enc = tokenizer(
+            list(prompts[first : first + batch_size]), return_tensors="pt", padding=True, padding_side="left"
+        )
+        enc = {k: v.to(model.device) for k, v in enc.items()}
+        out = model.generate(
+            **enc,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        responses += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    model.train(was_training)
+    return responses

@@ -1,0 +1,211 @@
+"""The LLM policy (and critic) update of reasoning tasks: PPO's clipped surrogate on response tokens, for GRPO,
+REINFORCE++ and PPO with a critic, written so that data-parallel actor ranks can each run it on their shard.
+
+Each actor rank calls `llm_update` on its own shard of rows with the same `algorithm` config section and a generator
+seeded identically on every rank, so every rank takes the same number of optimizer steps; `allreduce_grads`, called
+after each backward pass, averages the gradients across ranks before clipping and stepping, so the ranks' models
+stay identical. Losses are aggregated over a rank's own minibatch (verl's convention): with unequal token counts
+across ranks the average of rank gradients weighs tokens slightly differently from a single-process run.
+
+Advantages are computed once per batch, before the update (`compute_advantages`), from rollout-time log-probs and
+values; they stay fixed across the update's epochs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from rlplace.reasoning.config import ReasoningAlgorithmConfig
+from rlplace.reasoning.models.value_model import ValueModel
+
+from .advantages import (
+    grpo_advantages,
+    kl_penalized,
+    masked_mean,
+    masked_whiten,
+    reinforce_pp_advantages,
+    sequence_rewards_to_tokens,
+    token_gae,
+)
+from .batch import SequenceBatch, response_logits
+from .losses import (
+    aggregate_loss,
+    entropy_from_logits,
+    kl_divergence,
+    logprobs_from_logits,
+    token_policy_loss,
+    token_value_loss,
+)
+
+
+def _rollout_kl(batch: SequenceBatch, alg: ReasoningAlgorithmConfig) -> Tensor:
+    """[B, T] KL of the rollout policy to the reference, per token, for the KL-in-reward form."""
+    if batch.old_logprobs is None or batch.ref_logprobs is None:
+        raise ValueError("KL in the reward (kl_coef > 0, use_kl_loss false) needs batch.old_logprobs and ref_logprobs")
+    return kl_divergence(batch.old_logprobs, batch.ref_logprobs, alg.kl_type)
+
+
+Advantages = tuple[Tensor, Tensor | None]
+"""[B, T] advantages and, where the algorithm has a critic, [B, T] returns."""
+
+
+def _grpo(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None) -> Advantages:
+    """Group-normalised rewards; GRPO's KL, if any, is a loss term."""
+    return grpo_advantages(batch.rewards, batch.response_mask, alg.group_size), None
+
+
+def _reinforce_pp(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None) -> Advantages:
+    """Whitened returns of the rewards, group-baselined when group_size > 1, with the KL penalty in the token rewards
+    unless use_kl_loss."""
+    token_kl = _rollout_kl(batch, alg) if alg.kl_in_reward else None
+    group_size = alg.group_size if alg.group_size > 1 else None  # a group of 1 has no baseline
+    advantages = reinforce_pp_advantages(
+        batch.rewards, batch.response_mask, token_kl, alg.kl_coef, group_size=group_size, gamma=alg.gamma
+    )
+    return advantages, None
+
+
+def _ppo(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None) -> Advantages:
+    """GAE over the token rewards (reward on the EOS, KL penalty unless use_kl_loss) with the critic's rollout-time
+    `values`; the advantages are whitened over the batch, the returns (the critic's target) stay in reward units."""
+    if values is None:
+        raise ValueError("ppo needs the critic's rollout-time values to compute GAE")
+    mask = batch.response_mask
+    token_rewards = sequence_rewards_to_tokens(batch.rewards.float(), mask)
+    if alg.kl_in_reward:
+        token_rewards = kl_penalized(token_rewards, _rollout_kl(batch, alg), alg.kl_coef, mask)
+    advantages, returns = token_gae(token_rewards, values.to(token_rewards.device), mask, alg.gamma, alg.gae_lambda)
+    return masked_whiten(advantages, mask), returns
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[[SequenceBatch, ReasoningAlgorithmConfig, Tensor | None], Advantages]] = {
+    "grpo": _grpo,
+    "reinforce_pp": _reinforce_pp,
+    "ppo": _ppo,
+}
+"""`algorithm.name` -> its advantage estimator (the config refuses any other name)."""
+
+
+def compute_advantages(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None = None) -> Advantages:
+    """[B, T] advantages for every response token (zeros on padding) and, for ppo, [B, T] returns (else None).
+
+    `values` are the critic's rollout-time values, which only ppo reads."""
+    if batch.rewards is None:
+        raise ValueError("compute_advantages needs batch.rewards (the reward worker fills them)")
+    return ADVANTAGE_ESTIMATORS[alg.name](batch, alg, values)
+
+
+def _optimizer_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: float,
+    allreduce_grads: Callable[[nn.Module], None] | None,
+) -> Tensor:
+    """Average grads across ranks, clip, step; returns the total grad norm before clipping."""
+    if allreduce_grads is not None:
+        allreduce_grads(model)
+    grad_norm = nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_grad_norm)
+    optimizer.step()
+    return grad_norm
+
+
+def llm_update(
+    policy: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: SequenceBatch,
+    advantages: Tensor,
+    alg: ReasoningAlgorithmConfig,
+    generator: torch.Generator,
+    *,
+    critic: ValueModel | None = None,
+    critic_optimizer: torch.optim.Optimizer | None = None,
+    returns: Tensor | None = None,
+    old_values: Tensor | None = None,
+    allreduce_grads: Callable[[nn.Module], None] | None = None,
+) -> dict[str, float]:
+    """Run `update_epochs` x `num_minibatches` optimizer steps on `batch`'s rows; returns train/* means over them.
+
+    `policy` is a causal LM (logits from `response_logits`); `batch` needs old_logprobs, and ref_logprobs when the KL
+    is a loss term. `generator` (CPU) shuffles the rows. `allreduce_grads(model)`, when given, must average the
+    gradients of `model`'s parameters across data-parallel ranks in place; it is called once per optimizer step for
+    the policy and, with a critic, once more for the critic.
+
+    ppo also needs `critic` (a `ValueModel`), `critic_optimizer`, `returns` and `old_values` ([B, T], rollout-time):
+    the critic takes its own step per minibatch on vf_coef * the (clipped) value loss, with its own all-reduce and
+    clipping. `train/grad_norm` is the policy's total norm before clipping.
+    """
+    if batch.old_logprobs is None:
+        raise ValueError("llm_update needs batch.old_logprobs (the inference worker fills them)")
+    if alg.kl_in_loss and batch.ref_logprobs is None:
+        raise ValueError("kl_coef > 0 with use_kl_loss needs batch.ref_logprobs (the reference worker fills them)")
+    if alg.name == "ppo" and critic is None:
+        raise ValueError("ppo needs a critic")
+    if critic is not None and (critic_optimizer is None or returns is None or old_values is None):
+        raise ValueError("a critic needs critic_optimizer, returns and old_values")
+    num_rows = batch.num_rows
+    if num_rows < alg.num_minibatches:
+        raise ValueError(f"{num_rows} rows are too few for {alg.num_minibatches} minibatches")
+
+    input_ids, attention_mask = batch.input_ids, batch.attention_mask
+    width = batch.prompts.shape[1]
+    mask = batch.response_mask
+    keys = ["policy_loss", "entropy", "kl", "clip_frac", "approx_kl", "grad_norm"]
+    if critic is not None:
+        keys.append("value_loss")
+    stats: dict[str, list[Tensor]] = {key: [] for key in keys}
+    modes = [(model, model.training) for model in (policy, critic) if model is not None]
+    for model, _ in modes:
+        model.train()
+
+    for _ in range(alg.update_epochs):
+        order = torch.randperm(num_rows, generator=generator)
+        for rows in order.tensor_split(alg.num_minibatches):  # exactly num_minibatches steps on every rank
+            step_stats: dict[str, Tensor] = {}
+            optimizer.zero_grad()
+            logits = response_logits(policy, input_ids[rows], attention_mask[rows], width)
+            device = logits.device
+            row_mask = mask[rows].to(device)
+            logprobs = logprobs_from_logits(logits, input_ids[rows, width:].to(device))
+            pg_loss, pg_stats = token_policy_loss(
+                logprobs,
+                batch.old_logprobs[rows].to(device),
+                advantages[rows].to(device),
+                row_mask,
+                alg.clip_ratio_low,
+                alg.clip_ratio_high,
+                alg.loss_agg,
+            )
+            entropy = aggregate_loss(entropy_from_logits(logits), row_mask, alg.loss_agg)
+            loss = pg_loss - alg.ent_coef * entropy
+            step_stats["kl"] = torch.zeros((), device=device)
+            if batch.ref_logprobs is not None:
+                token_kl = kl_divergence(logprobs, batch.ref_logprobs[rows].to(device), alg.kl_type)
+                if alg.kl_in_loss:
+                    loss = loss + alg.kl_coef * aggregate_loss(token_kl, row_mask, alg.loss_agg)
+                step_stats["kl"] = masked_mean(token_kl.detach(), row_mask)
+            loss.backward()
+            step_stats["grad_norm"] = _optimizer_step(policy, optimizer, alg.max_grad_norm, allreduce_grads)
+            step_stats.update(policy_loss=pg_loss.detach(), entropy=entropy.detach(), **pg_stats)
+
+            if critic is not None:
+                critic_optimizer.zero_grad()
+                values = critic.response_values(batch, rows)
+                device = values.device
+                v_loss = token_value_loss(
+                    values, old_values[rows].to(device), returns[rows].to(device), mask[rows].to(device), alg.value_clip
+                )
+                (alg.vf_coef * v_loss).backward()
+                _optimizer_step(critic, critic_optimizer, alg.max_grad_norm, allreduce_grads)
+                step_stats["value_loss"] = v_loss.detach()
+
+            for key in keys:  # detached; read once at the end (no device syncs per step)
+                stats[key].append(step_stats[key].float())
+
+    for model, mode in modes:
+        model.train(mode)
+    result = {f"train/{key}": torch.stack(values).mean().item() for key, values in stats.items()}
+    result["train/lr"] = float(optimizer.param_groups[0]["lr"])
+    return result

@@ -1,0 +1,143 @@
+"""LLMActorWorker: the policy update of reasoning tasks (and the critic's, for PPO), data-parallel over ranks.
+
+Each rank trains on the micro-batches routed to it (m % world_size == rank); gradients are averaged over ranks
+before every optimizer step, and minibatches are drawn by a generator seeded identically everywhere, so the
+ranks stay identical. Rank 0 broadcasts the weights to the rollout and inference groups and writes the final
+model as an ordinary Hugging Face folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rlplace.core.gradients import average_grads
+from rlplace.core.offload import move
+from rlplace.core.weights import broadcast_weights
+from rlplace.reasoning.batch import SequenceBatch
+from rlplace.reasoning.config import ReasoningConfig
+from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
+from rlplace.reasoning.models.value_model import ValueModel
+from rlplace.reasoning.streams import micro_batches_of
+from rlplace.reasoning.update import compute_advantages, llm_update
+from rlplace.scheduler import Channel, Worker, timer
+
+
+class LLMActorWorker(Worker):
+    def __init__(self, cfg: ReasoningConfig, model_path: str) -> None:
+        self.cfg = cfg
+        self.model_path = model_path
+        torch.manual_seed(cfg.runner.seed)
+        self.policy = load_causal_lm(model_path, self.device).train()
+        alg = cfg.algorithm
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=alg.lr, weight_decay=0.0)
+        self.critic: ValueModel | None = None
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        if alg.name == "ppo":
+            self.critic = ValueModel.from_pretrained(model_path).to(self.device).train()
+            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=alg.critic_lr, weight_decay=0.0)
+        self.generator = torch.Generator().manual_seed(cfg.runner.seed)
+        self.version = 0
+        self.batch: SequenceBatch | None = None
+        self.advantages: torch.Tensor | None = None
+        self.returns: torch.Tensor | None = None
+        self.old_values: torch.Tensor | None = None
+        if self.world_size > 1:
+            self.init_process_group()
+
+    @timer("sync_weights")
+    def sync_weights(self) -> int:
+        """Rank 0 broadcasts the policy's weights and version to every rollout and inference rank, in buckets."""
+        if self.rank == 0:
+            for group in ("rollout", "inference"):
+                broadcast_weights(
+                    self, self.policy, self.version, dst_group=group, bucket_mb=self.cfg.weight_sync.bucket_mb
+                )
+        return self.version
+
+    def recv_batch(self, num_micro_batches: int, inbox: Channel) -> dict[str, float]:
+        """Collect this rank's micro-batches from `inbox`; returns sums for the step's rollout metrics (rows,
+        rewards, tokens, generation seconds). Not timed as a whole: it mostly waits for the stages before it."""
+        mine = micro_batches_of(self.rank, self.world_size, num_micro_batches)
+        parts = [inbox.get(key=f"actor{self.rank}") for _ in mine]
+        self.batch = SequenceBatch.concat(parts)
+        batch = self.batch
+        assert batch.rewards is not None
+        return {
+            "rows": float(batch.num_rows),
+            "reward_sum": float(batch.rewards.sum()),
+            "response_tokens": float(batch.response_mask.sum()),
+            **batch.meta,
+        }
+
+    @timer("advantages")
+    def compute_advantages(self) -> None:
+        """Values from the critic (PPO), then the algorithm's token-level advantages."""
+        batch = self.batch
+        assert batch is not None, "recv_batch must run first"
+        if self.critic is not None:
+            with torch.no_grad():
+                self.old_values = self.critic.response_values(batch).cpu()
+        self.advantages, self.returns = compute_advantages(batch, self.cfg.algorithm, self.old_values)
+
+    @timer("training")
+    def run_training(self, step: int) -> dict[str, float]:
+        """One policy (and critic) update on this rank's batch; returns train/* stats.
+
+        With `algorithm.anneal_lr` the learning rate decays linearly to 0 over `runner.max_steps`: late updates
+        then refine instead of undoing what earlier ones learned, which steadies the accuracy a run ends with.
+        """
+        assert self.batch is not None and self.advantages is not None, "compute_advantages must run first"
+        alg = self.cfg.algorithm
+        if alg.anneal_lr:
+            for optimizer, lr in ((self.optimizer, alg.lr), (self.critic_optimizer, alg.critic_lr)):
+                for group in optimizer.param_groups if optimizer is not None else []:
+                    group["lr"] = lr * (1.0 - step / self.cfg.runner.max_steps)
+        allreduce = self._average_grads if self.world_size > 1 else None
+        stats = llm_update(
+            self.policy,
+            self.optimizer,
+            self.batch,
+            self.advantages,
+            alg,
+            self.generator,
+            critic=self.critic,
+            critic_optimizer=self.critic_optimizer,
+            returns=self.returns,
+            old_values=self.old_values,
+            allreduce_grads=allreduce,
+        )
+        self.version += 1
+        return stats
+
+    def _average_grads(self, module: nn.Module) -> None:
+        average_grads([p.grad for p in module.parameters() if p.grad is not None], self.world_size)
+
+    def save_model(self, folder: str) -> None:
+        """Rank 0 writes the policy and tokenizer as a Hugging Face folder, atomically (temporary folder, rename)."""
+        if self.rank != 0:
+            return
+        final = Path(folder)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.policy.save_pretrained(tmp)
+        load_tokenizer(self.model_path).save_pretrained(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+
+    @timer("offload")
+    def offload(self) -> int:
+        moved = move(self.policy, self.optimizer, torch.device("cpu")).bytes
+        if self.critic is not None:
+            moved += move(self.critic, self.critic_optimizer, torch.device("cpu")).bytes
+        return moved
+
+    @timer("onload")
+    def onload(self) -> int:
+        moved = move(self.policy, self.optimizer, self.device).bytes
+        if self.critic is not None:
+            moved += move(self.critic, self.critic_optimizer, self.device).bytes
+        return moved

@@ -1,0 +1,125 @@
+"""LLMRolloutWorker: generates responses to a step's prompts with the `hf` or `vllm` engine.
+
+Every rank derives the step's prompts from the task itself (`train_batch(step, n)` is deterministic), so no
+prompts travel; a rank generates its micro-batches only. Each response is sampled with randomness keyed by its
+global sample id, so what is generated does not depend on how micro-batches are split over ranks. The engine's
+weights are replaced in place after each training step (the engine keeps running), and it sleeps while a
+collocated actor trains.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlplace.core.weights import StaleWeightsError, receive_state
+from rlplace.reasoning.batch import SequenceBatch
+from rlplace.reasoning.config import ReasoningConfig
+from rlplace.reasoning.generation import make_engine
+from rlplace.reasoning.models.tiny_lm import load_tokenizer
+from rlplace.reasoning.streams import consumer_key, micro_batches_of
+from rlplace.reasoning.tasks import make_prompt_source
+from rlplace.reasoning.tasks.prompts import Problem, verify
+from rlplace.scheduler import Channel, Worker, timer
+
+
+class LLMRolloutWorker(Worker):
+    def __init__(self, cfg: ReasoningConfig, model_path: str, reward_world_size: int) -> None:
+        self.cfg = cfg
+        self.reward_world_size = reward_world_size
+        self.tokenizer = load_tokenizer(model_path)
+        self.engine = make_engine(
+            cfg.rollout.backend,
+            model_path,
+            self.device,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        )
+        self.source = make_prompt_source(cfg.task)
+        self.version = 0
+        """The initial weights are the model folder's, as the actor's are: version 0."""
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.cfg.task.prompts_per_step // self.cfg.rollout.micro_batch_prompts
+
+    @timer("sync_weights")
+    def sync_weights(self) -> int:
+        """Receive the actor's weights (broadcast by actor rank 0) into the running engine; returns their version."""
+        self.version, state = receive_state(self, src_group="actor")
+        self.engine.load_weights(state)
+        return self.version
+
+    def generate(self, step: int, version: int, out: Channel) -> int:
+        """Generate this rank's micro-batches of step `step` and hand each to its reward rank through `out` as soon as
+        it is done;
+        returns how many. Each batch carries its generation seconds to the actor, which reports them per step."""
+        if self.version != version:
+            raise StaleWeightsError(f"rollout rank {self.rank} holds weights v{self.version}, asked for v{version}")
+        cfg = self.cfg
+        per_batch, group = cfg.rollout.micro_batch_prompts, cfg.algorithm.group_size
+        problems = self.source.train_batch(step, cfg.task.prompts_per_step)
+        mine = micro_batches_of(self.rank, self.world_size, self.num_micro_batches)
+        for m in mine:
+            first = m * per_batch
+            rows = [p for p in problems[first : first + per_batch] for _ in range(group)]
+            sample_ids = [(step * cfg.task.prompts_per_step + first) * group + i for i in range(len(rows))]
+            start = time.perf_counter()
+            with self.span("rollout_generate"):
+                batch = self._generate(m, rows, sample_ids, cfg.rollout.temperature)
+            batch.meta["generate_seconds"] = time.perf_counter() - start
+            out.put(batch, key=consumer_key("reward", m, self.reward_world_size))
+        return len(mine)
+
+    @torch.no_grad()
+    def _generate(
+        self, index: int, problems: list[Problem], sample_ids: list[int], temperature: float
+    ) -> SequenceBatch:
+        prompts = [self.tokenizer(p.prompt)["input_ids"] for p in problems]
+        responses = self.engine.generate(
+            prompts,
+            sample_ids,
+            max_new_tokens=self.cfg.rollout.max_new_tokens,
+            temperature=temperature,
+            seed=self.cfg.runner.seed,
+        )
+        return pack(index, prompts, responses, [p.answer for p in problems], self.cfg.rollout.max_new_tokens)
+
+    @timer("evaluate")
+    def evaluate(self) -> list[float]:
+        """Greedy answers to this rank's share of the held-out split; returns their rewards."""
+        problems = self.source.eval_set()[self.rank :: self.world_size]
+        rewards = []
+        for start in range(0, len(problems), 256):
+            chunk = problems[start : start + 256]
+            batch = self._generate(0, chunk, list(range(len(chunk))), temperature=0.0)
+            texts = self.tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
+            rewards.extend(verify(text, p.answer) for text, p in zip(texts, chunk, strict=True))
+        return rewards
+
+    @timer("offload")
+    def offload(self) -> None:
+        self.engine.sleep()
+
+    @timer("onload")
+    def onload(self) -> None:
+        self.engine.wake_up()
+
+
+def pack(
+    index: int, prompts: list[list[int]], responses: list[list[int]], answers: list[str], width: int
+) -> SequenceBatch:
+    """Prompts left-padded to their longest, responses right-padded to `width` (pad id 0), with their masks."""
+    prompt_width = max(len(p) for p in prompts)
+    rows = len(prompts)
+    prompt_ids = torch.zeros(rows, prompt_width, dtype=torch.long)
+    prompt_mask = torch.zeros(rows, prompt_width, dtype=torch.long)
+    response_ids = torch.zeros(rows, width, dtype=torch.long)
+    response_mask = torch.zeros(rows, width, dtype=torch.long)
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        prompt_ids[i, prompt_width - len(prompt) :] = torch.tensor(prompt)
+        prompt_mask[i, prompt_width - len(prompt) :] = 1
+        response = response[:width]
+        response_ids[i, : len(response)] = torch.tensor(response, dtype=torch.long)
+        response_mask[i, : len(response)] = 1
+    return SequenceBatch(index, prompt_ids, prompt_mask, response_ids, response_mask, answers)

@@ -1,1 +1,0 @@
-"""Training loops: read top to bottom, identical in every placement mode."""

@@ -1,0 +1,88 @@
+"""EnvSlice: seeding by global index, same-step auto-reset, episode stats, splits; the task registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlplace.embodied.envs import EnvSlice, EpisodeStats, env_spec, make_env, merge_episode_stats, split_stages
+
+FIELDS = ("obs", "rewards", "terminated", "truncated")
+
+
+def _actions(step: int, global_indices: np.ndarray) -> np.ndarray:
+    """A fixed 0/1 action schedule keyed by global env index and step, so any split gets the same actions."""
+    return (global_indices * 7 + step * 3) % 5 // 3
+
+
+def test_two_slices_equal_one_slice_step_by_step() -> None:
+    whole = EnvSlice("cartpole", 0, 8, seed=11)
+    parts = [EnvSlice("cartpole", 0, 4, seed=11), EnvSlice("cartpole", 4, 8, seed=11)]
+    np.testing.assert_array_equal(whole.reset(), np.concatenate([p.reset() for p in parts]))
+    for step in range(150):
+        expected = whole.step(_actions(step, whole.global_indices))
+        got = [p.step(_actions(step, p.global_indices)) for p in parts]
+        for i, name in enumerate(FIELDS):
+            np.testing.assert_array_equal(expected[i], np.concatenate([g[i] for g in got]), err_msg=name)
+    merged = merge_episode_stats([p.pop_episode_stats() for p in parts])
+    assert merged == whole.pop_episode_stats()
+    assert len(merged.returns) > 8  # episodes ended (and auto-reset) along the way
+
+
+def test_seeds_follow_global_index() -> None:
+    # Sub-env 5 of a slice [4, 8) seeded 3 starts where a lone env seeded 3 + 5 starts.
+    lone = make_env("cartpole")
+    first_obs, _ = lone.reset(seed=8)
+    np.testing.assert_array_equal(EnvSlice("cartpole", 4, 8, seed=3).reset()[1], first_obs)
+
+
+def test_auto_reset_and_episode_stats() -> None:
+    envs = EnvSlice("cartpole", 10, 12, seed=0)
+    obs = envs.reset()
+    lengths, returns, ended_at = [0, 0], [0.0, 0.0], []
+    for step in range(1, 60):
+        actions = np.zeros(2, dtype=np.int64)  # always push left: episodes end within ~10 steps
+        next_obs, rewards, terminated, truncated = envs.step(actions)
+        for i in range(2):
+            lengths[i] += 1
+            returns[i] += rewards[i]
+            if terminated[i] or truncated[i]:
+                # Same-step auto-reset: the returned obs is a fresh episode's first one, near the origin.
+                assert np.abs(next_obs[i]).max() <= 0.05
+                ended_at.append((step, 10 + i, returns[i], lengths[i]))
+                lengths[i], returns[i] = 0, 0.0
+        obs = next_obs
+    assert obs.dtype == np.float32 and obs.shape == (2, 4)
+    stats = envs.pop_episode_stats()
+    assert len(stats.returns) >= 8
+    assert stats == EpisodeStats(
+        returns=[e[2] for e in ended_at],
+        lengths=[e[3] for e in ended_at],
+        env_indices=[e[1] for e in ended_at],
+        end_steps=[e[0] for e in ended_at],
+    )
+    assert envs.pop_episode_stats() == EpisodeStats([], [], [], [])
+
+
+def test_step_before_reset_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="before reset"):
+        EnvSlice("cartpole", 0, 1, seed=0).step(np.zeros(1, dtype=np.int64))
+
+
+def test_split_stages() -> None:
+    assert split_stages(0, 8, 2) == [(0, 4), (4, 8)]
+    assert split_stages(4, 11, 3) == [(4, 7), (7, 9), (9, 11)]
+    assert split_stages(3, 4, 1) == [(3, 4)]
+    with pytest.raises(ValueError, match="into 5 stages"):
+        split_stages(0, 4, 5)
+
+
+def test_registry_names_ids_and_unknown() -> None:
+    assert env_spec("cartpole") == env_spec("CartPole-v1")
+    spec = env_spec("cartpole")
+    assert spec.obs_dim == 4 and spec.action.discrete and spec.action.n == 2
+    assert make_env("CartPole-v1").spec.max_episode_steps == 500
+    with pytest.raises(ValueError, match=r"'pong'.*cartpole \(CartPole-v1\).*halfcheetah \(HalfCheetah-v5\)"):
+        make_env("pong")
+    with pytest.raises(ValueError, match="'Ant-v5'"):
+        env_spec("Ant-v5")

@@ -1,0 +1,30 @@
+"""HalfCheetah-v5 (MuJoCo) creates, steps, and gets its actions clipped; skipped where mujoco is not installed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mujoco")
+
+from rlplace.embodied.envs import EnvSlice, env_spec  # noqa: E402
+
+
+def test_spec() -> None:
+    spec = env_spec("halfcheetah")
+    assert spec.env_id == "HalfCheetah-v5" and spec.obs_dim == 17
+    assert not spec.action.discrete and spec.action.dim == 6
+    assert spec.action.low == (-1.0,) * 6 and spec.action.high == (1.0,) * 6
+
+
+def test_steps_and_clips_actions() -> None:
+    clipped, unclipped = EnvSlice("halfcheetah", 0, 2, seed=0), EnvSlice("halfcheetah", 0, 2, seed=0)
+    obs = clipped.reset()
+    unclipped.reset()
+    assert obs.shape == (2, 17) and obs.dtype == np.float32
+    big = np.full((2, 6), 5.0, dtype=np.float32)
+    for _ in range(5):
+        a, b = clipped.step(big), unclipped.step(np.ones((2, 6), dtype=np.float32))
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+    assert np.isfinite(a[0]).all() and a[1].dtype == np.float32

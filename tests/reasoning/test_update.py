@@ -1,0 +1,305 @@
+"""llm_update on a real tiny LM: GRPO learns from rewards, the KL and clipping stats start at 0, the critic fits the
+returns, micro-batching and data parallelism change nothing, and compute_advantages dispatches per algorithm."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+
+from rlplace.reasoning.update import LLMUpdateParams, compute_advantages, llm_update
+from rlplace.reasoning.batch import SequenceBatch, response_logprobs
+from rlplace.reasoning.advantages import grpo_advantages, masked_mean, reinforce_pp_advantages
+from rlplace.config import AlgorithmConfig
+from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
+from rlplace.reasoning.models.value_model import ValueModel
+
+torch.set_num_threads(1)  # tiny model: one thread is as fast, and never contends with a busy machine
+
+GROUP = 4
+PROMPTS = ["1+2=", "10+20="]
+RESPONSES = ["3", "41", "5", "62", "30", "1", "70", "8"]
+"""Rows of one prompt are adjacent; within a group no two responses share a first token, so each can move alone.
+Each group holds 10 tokens (EOS included), which makes per-rank token means average to the full batch's."""
+REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+GRPO = LLMUpdateParams(name="grpo", group_size=GROUP, update_epochs=2, num_minibatches=2)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return build_tiny_lm(tmp_path_factory.mktemp("tiny_lm"), TinyLMShape(num_layers=1, hidden_size=64))
+
+
+def _batch(folder, policy, groups: slice = slice(None)) -> SequenceBatch:
+    """The prompts of `groups`, each answered GROUP times, with rewards and the policy's own log-probs as old."""
+    prompts = [p for p in PROMPTS[groups] for _ in range(GROUP)]
+    rows = slice(groups.start * GROUP if groups.start else 0, groups.stop * GROUP if groups.stop else None)
+    tokenizer = load_tokenizer(folder)
+    encoded = tokenizer(prompts, padding=True, return_tensors="pt")
+    ids = [tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for r in RESPONSES[rows]]
+    width = max(len(r) for r in ids)
+    responses = torch.zeros(len(ids), width, dtype=torch.long)
+    mask = torch.zeros(len(ids), width, dtype=torch.long)
+    for row, tokens in enumerate(ids):
+        responses[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, : len(tokens)] = 1
+    batch = SequenceBatch(
+        0,
+        encoded["input_ids"],
+        encoded["attention_mask"],
+        responses,
+        mask,
+        RESPONSES[rows],
+        torch.tensor(REWARDS[rows]),
+    )
+    batch.old_logprobs = response_logprobs(policy, batch)
+    return batch
+
+
+def _sequence_logprobs(policy, batch: SequenceBatch) -> torch.Tensor:
+    return (response_logprobs(policy, batch) * batch.response_mask).sum(-1)
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_grpo_raises_rewarded_responses_and_lowers_the_rest(folder):
+    policy = load_causal_lm(folder)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    batch = _batch(folder, policy)
+    before = _sequence_logprobs(policy, batch)
+    for _ in range(3):  # three training steps, each on fresh rollout-time log-probs
+        batch.old_logprobs = response_logprobs(policy, batch)
+        advantages, returns = compute_advantages(batch, GRPO)
+        stats = llm_update(policy, optimizer, batch, advantages, GRPO, generator)
+    assert returns is None
+    change = _sequence_logprobs(policy, batch) - before
+    rewarded = torch.tensor(REWARDS) > 0
+    assert (change[rewarded] > 0.05).all() and (change[~rewarded] < -0.05).all(), change
+    expected = {"policy_loss", "entropy", "kl", "clip_frac", "approx_kl", "grad_norm", "lr"}
+    assert set(stats) == {f"train/{key}" for key in expected}
+    assert stats["train/lr"] == 3e-3 and stats["train/grad_norm"] > 0 and stats["train/entropy"] > 0
+    assert policy.training is False  # load_causal_lm's eval mode is restored after the update
+
+
+def test_first_minibatch_on_its_own_logprobs_is_unclipped(folder):
+    policy = load_causal_lm(folder)
+    batch = _batch(folder, policy)  # old_logprobs = the current policy's: every ratio is exactly 1
+    advantages, _ = compute_advantages(batch, GRPO)
+    one_step = replace(GRPO, update_epochs=1, num_minibatches=1)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    stats = llm_update(policy, optimizer, batch, advantages, one_step, torch.Generator().manual_seed(0))
+    assert stats["train/clip_frac"] == 0.0
+    assert abs(stats["train/approx_kl"]) < 1e-6
+    assert stats["train/kl"] == 0.0  # no reference
+    # At ratio 1 the surrogate is -mean(A) over tokens; GRPO's advantages are not zero-mean over tokens when
+    # response lengths differ, so compare with the number rather than 0.
+    expected = -masked_mean(advantages, batch.response_mask).item()
+    assert stats["train/policy_loss"] == pytest.approx(expected, abs=1e-5)
+    # Many epochs on the same rollout push ratios out of [0.8, 1.2]: clipping engages.
+    many = replace(GRPO, update_epochs=8, num_minibatches=1)
+    stats = llm_update(policy, optimizer, batch, advantages, many, torch.Generator().manual_seed(0))
+    assert stats["train/clip_frac"] > 0 and stats["train/approx_kl"] > 1e-4
+
+
+def test_kl_loss_starts_at_zero_and_pulls_towards_the_reference(folder, tmp_path):
+    policy = load_causal_lm(folder)
+    batch = _batch(folder, policy)
+    batch.ref_logprobs = batch.old_logprobs.clone()
+    params = replace(GRPO, update_epochs=1, num_minibatches=1, kl_coef=0.5)
+    advantages, _ = compute_advantages(batch, params)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    stats = llm_update(policy, optimizer, batch, advantages, params, torch.Generator().manual_seed(0))
+    assert abs(stats["train/kl"]) < 1e-6
+
+    # Equal rewards leave no policy-gradient signal (GRPO advantages are 0): only the KL loss moves the policy, and
+    # it moves it towards a different reference model.
+    reference = load_causal_lm(build_tiny_lm(tmp_path / "ref", TinyLMShape(num_layers=1, hidden_size=64), seed=1))
+    batch.ref_logprobs = response_logprobs(reference, batch)
+    batch.rewards = torch.ones(len(REWARDS))
+    advantages, _ = compute_advantages(batch, params)
+    assert advantages.abs().max() == 0
+    kls = []
+    for _ in range(5):
+        batch.old_logprobs = response_logprobs(policy, batch)
+        kls.append(llm_update(policy, optimizer, batch, advantages, params, torch.Generator())["train/kl"])
+    assert kls[0] > 0.1 and kls[-1] < 0.5 * kls[0], kls
+
+    batch.ref_logprobs = None
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        llm_update(policy, optimizer, batch, advantages, params, torch.Generator())
+
+
+def test_ppo_critic_fits_the_returns(folder):
+    policy, critic = load_causal_lm(folder), ValueModel.from_pretrained(folder)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    critic_optimizer = torch.optim.Adam(critic.parameters(), lr=5e-3)
+    # gamma = lambda = 1: the returns are the Monte Carlo returns (the reward on every token), whatever the values.
+    params = LLMUpdateParams(name="ppo", gamma=1.0, gae_lambda=1.0, update_epochs=2, num_minibatches=2)
+    batch = _batch(folder, policy)
+    mask = batch.response_mask
+
+    def critic_loss(returns: torch.Tensor) -> float:
+        with torch.no_grad():
+            return 0.5 * masked_mean((critic.response_values(batch) - returns) ** 2, mask).item()
+
+    losses, generator = [], torch.Generator().manual_seed(0)
+    for _ in range(10):
+        batch.old_logprobs = response_logprobs(policy, batch)
+        with torch.no_grad():
+            old_values = critic.response_values(batch)
+        advantages, returns = compute_advantages(batch, params, old_values)
+        losses.append(critic_loss(returns))
+        stats = llm_update(
+            policy,
+            optimizer,
+            batch,
+            advantages,
+            params,
+            generator,
+            critic=critic,
+            critic_optimizer=critic_optimizer,
+            returns=returns,
+            old_values=old_values,
+        )
+    torch.testing.assert_close(returns, torch.tensor(REWARDS)[:, None] * mask)
+    losses.append(critic_loss(returns))
+    # Fitting the returns row by row (0.133 at the start; the best constant gives 0.105) down to near the floor:
+    # the first response token's state is the prompt alone, where the best value is the group's mean reward,
+    # costing 0.5 * (4 * 0.25 + 3 * 0.0625 + 0.5625) / 20 tokens = 0.044.
+    assert losses[-1] < 0.07 and losses[-1] < 0.5 * losses[0], losses
+    assert "train/value_loss" in stats and stats["train/value_loss"] > 0
+    with pytest.raises(ValueError, match="critic"):
+        llm_update(policy, optimizer, batch, advantages, params, generator)
+
+
+def test_allreduce_is_called_once_per_step_and_a_no_op_changes_nothing(folder):
+    policy = load_causal_lm(folder)
+    batch = _batch(folder, policy)
+    advantages, _ = compute_advantages(batch, GRPO)
+    twins = [copy.deepcopy(policy) for _ in range(2)]
+    seen: list[torch.nn.Module] = []
+    results = []
+    for twin, callback in zip(twins, (None, seen.append), strict=True):
+        optimizer = torch.optim.Adam(twin.parameters(), lr=1e-2)
+        results.append(
+            llm_update(
+                twin, optimizer, batch, advantages, GRPO, torch.Generator().manual_seed(1), allreduce_grads=callback
+            )
+        )
+    assert len(seen) == GRPO.update_epochs * GRPO.num_minibatches and all(m is twins[1] for m in seen)
+    assert results[0] == results[1]
+    assert torch.equal(_flat(twins[0]), _flat(twins[1]))
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_micro_batches_accumulate_to_the_minibatch_gradient(folder, agg):
+    policy = load_causal_lm(folder)
+    batch = _batch(folder, policy)
+    params = replace(GRPO, loss_agg=agg)
+    advantages, _ = compute_advantages(batch, params)
+    twins, results = [copy.deepcopy(policy) for _ in range(2)], []
+    for twin, micro_rows in zip(twins, (None, 1), strict=True):
+        optimizer = torch.optim.SGD(twin.parameters(), lr=0.5)
+        results.append(
+            llm_update(
+                twin, optimizer, batch, advantages, params, torch.Generator().manual_seed(2), micro_rows=micro_rows
+            )
+        )
+    torch.testing.assert_close(_flat(twins[0]), _flat(twins[1]), atol=1e-5, rtol=1e-5)
+    assert not torch.equal(_flat(twins[0]), _flat(policy))
+    for key, value in results[0].items():
+        assert results[1][key] == pytest.approx(value, abs=1e-5), key
+
+
+def test_two_data_parallel_ranks_match_one_process(folder):
+    # Two ranks on threads, one prompt group each, average their gradients through shared slots as
+    # torch.distributed's all-reduce would. The groups hold 10 tokens each, so the average of the ranks' token-mean
+    # gradients is the full batch's: both ranks must end identical, and equal to one process on the whole batch.
+    policy = load_causal_lm(folder)
+    params = replace(GRPO, num_minibatches=1)
+    shards = [_batch(folder, policy, slice(rank, rank + 1)) for rank in range(2)]
+    ranks = [copy.deepcopy(policy) for _ in range(2)]
+    barrier = threading.Barrier(2, timeout=30)
+    slots: list[list[torch.Tensor]] = [[], []]
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        def allreduce(model: torch.nn.Module) -> None:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            slots[rank] = [g.clone() for g in grads]
+            barrier.wait()
+            for g, mine, theirs in zip(grads, slots[rank], slots[1 - rank], strict=True):
+                g.copy_((mine + theirs) / 2)
+            barrier.wait()  # neither rank overwrites its slot before the other has read it
+
+        try:
+            advantages, _ = compute_advantages(shards[rank], params)
+            optimizer = torch.optim.SGD(ranks[rank].parameters(), lr=0.5)
+            generator = torch.Generator().manual_seed(3)
+            llm_update(ranks[rank], optimizer, shards[rank], advantages, params, generator, allreduce_grads=allreduce)
+        except BaseException as e:  # surfaced below: a thread's exception would otherwise vanish
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert torch.equal(_flat(ranks[0]), _flat(ranks[1]))
+
+    single = copy.deepcopy(policy)
+    batch = _batch(folder, policy)
+    advantages, _ = compute_advantages(batch, params)
+    optimizer = torch.optim.SGD(single.parameters(), lr=0.5)
+    llm_update(single, optimizer, batch, advantages, params, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(_flat(ranks[0]), _flat(single), atol=1e-5, rtol=1e-5)
+    assert not torch.equal(_flat(single), _flat(policy))
+
+
+def test_compute_advantages_per_algorithm(folder, tmp_path):
+    policy = load_causal_lm(folder)
+    batch = _batch(folder, policy)
+    reference = load_causal_lm(build_tiny_lm(tmp_path / "ref", TinyLMShape(num_layers=1, hidden_size=64), seed=1))
+    batch.ref_logprobs = response_logprobs(reference, batch)
+    mask = batch.response_mask.bool()
+    values = torch.randn(mask.shape)
+    shape = tuple(mask.shape)
+
+    grpo, no_returns = compute_advantages(batch, GRPO)
+    assert no_returns is None
+    torch.testing.assert_close(grpo, grpo_advantages(batch.rewards, batch.response_mask, GROUP))
+
+    kl_in_reward = LLMUpdateParams(name="reinforce_pp", group_size=GROUP, kl_coef=0.1, use_kl_loss=False)
+    rpp, _ = compute_advantages(batch, kl_in_reward)
+    rpp_kl_loss, _ = compute_advantages(batch, replace(kl_in_reward, use_kl_loss=True))
+    assert not torch.allclose(rpp, rpp_kl_loss)  # the penalty is in the rewards only when use_kl_loss is off
+    torch.testing.assert_close(rpp_kl_loss, reinforce_pp_advantages(batch.rewards, mask, None, 0.1, GROUP))
+
+    ppo = LLMUpdateParams(name="ppo", gamma=1.0, gae_lambda=0.9)
+    advantages, returns = compute_advantages(batch, ppo, values)
+    for tensor in (grpo, rpp, advantages, returns):
+        assert tuple(tensor.shape) == shape and tensor.dtype == torch.float32
+        assert tensor[~mask].abs().max() == 0
+    # Advantages whitened over the valid tokens; returns in reward units: on the last token, reward - (nothing).
+    assert masked_mean(advantages, mask).abs() < 1e-5
+    last = mask.sum(-1) - 1
+    torch.testing.assert_close(returns[torch.arange(len(REWARDS)), last], batch.rewards)
+    with pytest.raises(ValueError, match="values"):
+        compute_advantages(batch, ppo)
+
+
+def test_params_from_config():
+    alg = AlgorithmConfig(name="reinforce_pp", kl_coef=0.01, use_kl_loss=False, clip_vloss=False)
+    params = LLMUpdateParams.from_config(alg)
+    assert (params.name, params.kl_coef, params.use_kl_loss, params.clip_vloss) == ("reinforce_pp", 0.01, False, None)
+    assert LLMUpdateParams.from_config(AlgorithmConfig(name="ppo")).clip_vloss == alg.clip_ratio_low
+    with pytest.raises(ValueError, match="not an LLM algorithm"):
+        LLMUpdateParams(name="sac")
