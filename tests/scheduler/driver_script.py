@@ -10,7 +10,7 @@ import time
 
 import ray
 
-from rlplace.config import ClusterConfig
+from rlplace.core.config import ClusterConfig
 from rlplace.scheduler import Cluster, Worker
 from tests.scheduler.helpers import on_devices
 

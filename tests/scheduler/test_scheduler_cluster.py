@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from rlplace.config import ClusterConfig
+from rlplace.core.config import ClusterConfig
 from rlplace.scheduler import Cluster, ClusterError
 from rlplace.scheduler.cluster import split_cores
 
@@ -27,7 +27,7 @@ def test_explicit_cores_per_device_must_fit_the_node() -> None:
         split_cores([0, 1, 2, 3], num_devices=2, cpus_per_device=3)
 
 
-def test_embedded_ray_refuses_several_nodes_before_starting() -> None:
+def test_embedded_ray_refuses_several_nodes_before_starting(no_ray: None) -> None:
     with pytest.raises(ClusterError, match="embedded local Ray has one node, but cluster.num_nodes=2"):
         Cluster(ClusterConfig(num_nodes=2))
     assert not ray.is_initialized()

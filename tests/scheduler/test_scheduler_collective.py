@@ -1,4 +1,7 @@
-"""Group-to-group tensor transfers over gloo on a real embedded Ray, next to each group's own process group."""
+"""Group-to-group tensor transfers over gloo on a real embedded Ray, next to each group's own process group.
+
+A broadcast to a group of one rank is the point-to-point case: here `actor` has one rank and `rollout` two.
+"""
 
 from __future__ import annotations
 
@@ -10,36 +13,36 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlplace.scheduler import Cluster, Worker, WorkerError, WorkerGroup, per_rank
+from rlplace.scheduler import Cluster, Worker, WorkerError, WorkerGroup
 from tests.scheduler.helpers import on_devices
 
 
 class Peer(Worker):
     """Sends and receives what the driver asks; `all_reduce` uses the group's own default process group."""
 
-    def send_all(self, payloads: list[Any], group: str, rank: int) -> None:
+    def broadcast_all(self, payloads: list[Any], group: str) -> None:
         for payload in payloads:
-            self.send(payload, group, rank)
+            self.broadcast(payload, group)
 
     def recv_all(self, count: int, group: str, rank: int) -> list[Any]:
         return [self.recv(group, rank) for _ in range(count)]
 
-    def broadcast_to(self, payload: Any, group: str) -> None:
-        self.broadcast(payload, group)
-
     def all_reduce(self, value: float) -> float:
+        """The sum over ranks of `value * (rank + 1)`, so that every rank contributes its own number."""
         if not dist.is_initialized():
             self.init_process_group()
-        tensor = torch.tensor([value])
+        tensor = torch.tensor([value * (self.rank + 1)])
         dist.all_reduce(tensor)
         return tensor.item()
 
 
 @pytest.fixture(scope="module")
 def peers(cluster: Cluster) -> Iterator[tuple[WorkerGroup, WorkerGroup]]:
-    actor = Peer.create_group().launch(cluster, name="actor", placement_strategy=on_devices((0,), (1,)))
+    actor = Peer.create_group().launch(cluster, name="actor", placement_strategy=on_devices((0,)))
     rollout = Peer.create_group().launch(cluster, name="rollout", placement_strategy=on_devices((0,), (1,)))
     yield actor, rollout
+    actor.terminate()
+    rollout.terminate()
 
 
 def assert_same(received: Any, sent: Any) -> None:
@@ -70,15 +73,15 @@ TENSORS = [
 ]
 
 
-def test_send_recv_tensors_between_groups(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
+def test_tensors_between_groups(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
     actor, rollout = peers
-    received = rollout.execute_on(1).recv_all(len(TENSORS), "actor", 0)
-    actor.execute_on(0).send_all(TENSORS, "rollout", 1).wait(timeout=60)
+    received = actor.recv_all(len(TENSORS), "rollout", 1)
+    rollout.execute_on(1).broadcast_all(TENSORS, "actor").wait(timeout=60)
     for got, sent in zip(received.wait(timeout=60)[0], TENSORS, strict=True):
         assert_same(got, sent)
 
 
-def test_send_recv_dicts_with_plain_values(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
+def test_dicts_with_plain_values(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
     actor, rollout = peers
     state = {
         "weights": {"w": torch.randn(8, 4), "b": torch.zeros(4)},
@@ -86,40 +89,42 @@ def test_send_recv_dicts_with_plain_values(peers: tuple[WorkerGroup, WorkerGroup
         "names": ["w", "b"],
         "pair": (torch.ones(2), "tag"),
     }
-    sent = actor.execute_on(1).send_all([state], "rollout", 0)  # sender first, receiver joins later
+    sent = rollout.execute_on(0).broadcast_all([state], "actor")  # sender first, receiver joins later
     time.sleep(0.5)
-    assert_same(rollout.execute_on(0).recv_all(1, "actor", 1).wait(timeout=60)[0][0], state)
+    assert_same(actor.recv_all(1, "rollout", 0).wait(timeout=60)[0][0], state)
     sent.wait(timeout=60)
-
-
-def test_transfers_go_both_ways_over_one_pair(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
-    actor, rollout = peers
-    back = actor.execute_on(0).recv_all(1, "rollout", 1)
-    rollout.execute_on(1).send_all([torch.full((3,), 9.0)], "actor", 0).wait(timeout=60)
-    assert_same(back.wait(timeout=60)[0][0], torch.full((3,), 9.0))
 
 
 def test_broadcast_reaches_every_rank_of_the_other_group(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
     actor, rollout = peers
     weights = {"layer.weight": torch.randn(16, 16), "layer.bias": torch.randn(16), "version": 3}
     received = rollout.recv_all(1, "actor", 0)
-    actor.execute_on(0).broadcast_to(weights, "rollout").wait(timeout=60)
+    actor.broadcast_all([weights], "rollout").wait(timeout=60)
     for rank_received in received.wait(timeout=60):
         assert_same(rank_received[0], weights)
 
 
+def test_transfers_go_both_ways_over_one_pair(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
+    actor, rollout = peers
+    received = rollout.recv_all(1, "actor", 0)
+    actor.broadcast_all([torch.full((3,), 1.0)], "rollout").wait(timeout=60)
+    received.wait(timeout=60)
+    back = actor.recv_all(1, "rollout", 1)  # the pair (actor 0, rollout 1), now the other way
+    rollout.execute_on(1).broadcast_all([torch.full((3,), 9.0)], "actor").wait(timeout=60)
+    assert_same(back.wait(timeout=60)[0][0], torch.full((3,), 9.0))
+
+
 def test_default_process_group_coexists_with_transfers(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
     actor, rollout = peers
-    assert actor.all_reduce(1.0).wait(timeout=60) == [2.0, 2.0]
-    assert actor.all_reduce(per_rank([1.0, 2.0])).wait(timeout=60) == [3.0, 3.0]
-    received = rollout.execute_on(0).recv_all(1, "actor", 1)
-    actor.execute_on(1).send_all([torch.ones(5)], "rollout", 0).wait(timeout=60)
+    assert rollout.all_reduce(1.0).wait(timeout=60) == [3.0, 3.0]  # 1 * 1 + 1 * 2
+    received = actor.recv_all(1, "rollout", 1)
+    rollout.execute_on(1).broadcast_all([torch.ones(5)], "actor").wait(timeout=60)
     assert_same(received.wait(timeout=60)[0][0], torch.ones(5))
 
 
-def test_unknown_peer_group_is_a_clear_error(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
+def test_unknown_peer_group_or_rank_is_a_clear_error(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
     actor, _ = peers
     with pytest.raises(WorkerError, match="no worker group named 'critic' has been launched"):
-        actor.execute_on(0).send_all([torch.ones(1)], "critic", 0).wait(timeout=60)
+        actor.broadcast_all([torch.ones(1)], "critic").wait(timeout=60)
     with pytest.raises(WorkerError, match=r"group 'rollout' has ranks 0\.\.1, not 5"):
-        actor.execute_on(0).send_all([torch.ones(1)], "rollout", 5).wait(timeout=60)
+        actor.recv_all(1, "rollout", 5).wait(timeout=60)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlplace.config import ClusterConfig
+from rlplace.core.config import ClusterConfig
 from rlplace.scheduler import Cluster, Worker, WorkerGroup
 from tests.scheduler.helpers import on_devices
 
@@ -29,9 +29,6 @@ def payload(device: torch.device) -> dict[str, Any]:
 class GpuPeer(Worker):
     def visible(self) -> tuple[str, int, str]:
         return os.environ["CUDA_VISIBLE_DEVICES"], torch.cuda.device_count(), str(self.device)
-
-    def send_payload(self, group: str, rank: int) -> None:
-        self.send(payload(self.device), group, rank)
 
     def broadcast_payload(self, group: str) -> None:
         self.broadcast(payload(self.device), group)
@@ -56,7 +53,8 @@ def assert_payload(received: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def cluster(no_ray: None) -> Iterator[Cluster]:
+    """A gpu cluster of its own, instead of the session's cpu one."""
     with Cluster(ClusterConfig(device_type="gpu", num_devices_per_node=torch.cuda.device_count())) as running:
         yield running
 
@@ -83,8 +81,8 @@ def test_each_rank_sees_only_its_gpu(same_gpu: tuple[WorkerGroup, WorkerGroup]) 
 
 def test_cuda_ipc_between_processes_on_one_gpu(same_gpu: tuple[WorkerGroup, WorkerGroup]) -> None:
     actor, rollout = same_gpu
-    received = rollout.execute_on(1).recv_payload("actor", 0)
-    actor.send_payload("rollout", 1).wait(timeout=120)
+    received = actor.recv_payload("rollout", 1)
+    rollout.execute_on(1).broadcast_payload("actor").wait(timeout=120)  # to a group of one rank
     assert_payload(received.wait(timeout=120)[0])
     received = rollout.recv_payload("actor", 0)
     actor.broadcast_payload("rollout").wait(timeout=120)
@@ -101,8 +99,8 @@ def test_nccl_between_gpus_and_mixed_broadcast(cluster: Cluster) -> None:
     rollout = GpuPeer.create_group().launch(
         cluster, name="rollout2", placement_strategy=on_devices((1,), (0,), devices_per_node=count)
     )
-    received = rollout.execute_on(0).recv_payload("actor2", 0)
-    actor.send_payload("rollout2", 0).wait(timeout=120)  # GPU 0 -> GPU 1: NCCL
+    received = actor.recv_payload("rollout2", 0)
+    rollout.execute_on(0).broadcast_payload("actor2").wait(timeout=120)  # GPU 1 -> GPU 0: NCCL
     assert_payload(received.wait(timeout=120)[0])
     received = rollout.recv_payload("actor2", 0)
     actor.broadcast_payload("rollout2").wait(timeout=120)  # NCCL to rank 0, CUDA IPC to rank 1

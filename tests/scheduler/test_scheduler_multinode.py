@@ -11,7 +11,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
-from rlplace.config import ClusterConfig
+from rlplace.core.config import ClusterConfig
 from rlplace.placement.placement import Placement
 from rlplace.scheduler import Cluster, ClusterError, Worker
 from tests.scheduler.helpers import on_devices
@@ -45,7 +45,8 @@ def two_per_node() -> list[Placement]:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[RayTestCluster]:
+def ray_cluster(no_ray: None) -> Iterator[RayTestCluster]:
+    """A second Ray this process attaches to; it may hold no other Ray connection meanwhile."""
     nodes = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
     nodes.add_node(num_cpus=2, num_gpus=2)
     nodes.wait_for_nodes()

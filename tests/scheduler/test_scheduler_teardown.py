@@ -1,7 +1,7 @@
 """Ending a driver normally, by an exception, or by Ctrl-C leaves no Ray process behind.
 
-Each driver runs in its own subprocess with its own embedded Ray, so this test process's Ray is not involved; the
-three run at once to share the start-up time.
+Each driver runs in its own subprocess with its own embedded Ray, so this test process's Ray is not involved (it is
+shut down first, leaving the machine to the drivers); the three run at once to share the start-up time.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ MODES = ("exit", "error", "interrupt")
 
 
 @pytest.fixture(scope="module")
-def drivers() -> Iterator[dict[str, subprocess.Popen[str]]]:
+def drivers(no_ray: None) -> Iterator[dict[str, subprocess.Popen[str]]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     script = str(Path(__file__).with_name("driver_script.py"))
     running = {

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from rlplace.placement.placement import Placement
-from rlplace.scheduler import Cluster, Worker, WorkerError, WorkerGroup, per_rank, timer, wait_all
+from rlplace.placement import Placement, PlacementStrategy
+from rlplace.scheduler import Cluster, Worker, WorkerError, WorkerGroup, timer, wait_all
 from tests.scheduler.helpers import on_devices
 
 ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -55,7 +55,8 @@ class Probe(Worker):
 
     @timer("step")
     def step(self, seconds: float) -> int:
-        time.sleep(seconds)
+        with self.span("sleep"):
+            time.sleep(seconds)
         return self.rank
 
     def fail_on(self, rank: int) -> int:
@@ -77,11 +78,15 @@ class Clashing(Worker):
         """Would be shadowed by WorkerGroup.terminate."""
 
 
-class FixedStrategy:
+class FixedStrategy(PlacementStrategy):
     """The smallest placement strategy: the same placements whatever the cluster."""
 
     def __init__(self, placements: list[Placement]) -> None:
         self.placements = placements
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.placements)
 
     def get_placements(self, num_nodes: int, num_devices_per_node: int) -> list[Placement]:
         return self.placements
@@ -91,7 +96,9 @@ class FixedStrategy:
 def probe(cluster: Cluster) -> Iterator[WorkerGroup]:
     """Ranks 0 and 1 on one logical device each, rank 2 on both devices."""
     strategy = FixedStrategy(on_devices((0,), (1,), (0, 1)))
-    yield Probe.create_group("t").launch(cluster, name="probe", placement_strategy=strategy)
+    probe = Probe.create_group("t").launch(cluster, name="probe", placement_strategy=strategy)
+    yield probe
+    probe.terminate()
 
 
 def test_each_rank_gets_its_environment(probe: WorkerGroup) -> None:
@@ -135,11 +142,9 @@ def test_wait_times_out_without_losing_results(probe: WorkerGroup) -> None:
     assert future.wait(timeout=30) == [0, 1, 2]
 
 
-def test_execute_on_calls_a_subset_with_per_rank_arguments(probe: WorkerGroup) -> None:
-    assert probe.execute_on(2, 0).echo(per_rank(["a", "b"])).wait() == [(2, "a"), (0, "b")]
+def test_execute_on_calls_a_subset_in_the_order_given(probe: WorkerGroup) -> None:
+    assert probe.execute_on(2, 0).echo("a").wait() == [(2, "a"), (0, "a")]
     assert probe.echo("same").wait() == [(0, "same"), (1, "same"), (2, "same")]
-    with pytest.raises(ValueError, match="per_rank got 2 values for 3 called ranks"):
-        probe.echo(per_rank([1, 2]))
     with pytest.raises(ValueError, match="cannot execute on"):
         probe.execute_on(3)
 
@@ -183,16 +188,25 @@ def test_wait_all_fails_fast_across_futures(probe: WorkerGroup) -> None:
     assert slow.wait(timeout=30) == [0]
 
 
-def test_timer_records_are_drained_by_the_driver(probe: WorkerGroup) -> None:
+def test_timer_and_span_records_are_drained_by_the_driver(probe: WorkerGroup) -> None:
     probe.pop_timings().wait()
     before = time.time()
     probe.step(0.05).wait()
-    records = [record for rank_records in probe.pop_timings().wait() for record in rank_records]
-    assert [(r["name"], r["group"], r["rank"]) for r in records] == [("step", "probe", rank) for rank in range(3)]
-    for record in records:
-        assert before <= record["start"] < record["end"] <= time.time()
-        assert 0.05 <= record["duration"] == pytest.approx(record["end"] - record["start"], abs=1e-5)
+    per_rank = probe.pop_timings().wait()
+    expected = [[("sleep", "probe", rank), ("step", "probe", rank)] for rank in range(3)]  # the inner span ends first
+    assert [[(s["name"], s["group"], s["rank"]) for s in spans] for spans in per_rank] == expected
+    for sleep, step in per_rank:
+        assert set(step) == {"name", "group", "rank", "start", "end"}  # a metrics.timeline.Span
+        assert before <= step["start"] <= sleep["start"] < sleep["end"] <= step["end"] <= time.time()
+        assert sleep["end"] - sleep["start"] >= 0.05
     assert probe.pop_timings().wait() == [[], [], []]
+
+
+def test_timer_refuses_async_methods() -> None:
+    async def step() -> None: ...
+
+    with pytest.raises(TypeError, match=r"@timer\('step'\) on .*step: worker methods are timed only when sync"):
+        timer("step")(step)
 
 
 def test_sigkilled_worker_is_reported_dead_within_30s(cluster: Cluster) -> None:

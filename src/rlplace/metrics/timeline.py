@@ -2,9 +2,9 @@
 
 Placement's cost shows up as idle devices and as phases that do or do not overlap. Every timed piece of work is a
 span (`name`, `group`, `rank`, unix `start`/`end`): workers record them with the scheduler's `@timer` and
-`Worker.span`, the driver with `PhaseTimer`. Knowing which devices each (group, rank) process holds turns spans into per-device rows, from which
-this module derives `util/device_<i>/busy_frac`, the overlap of two groups (proof that pipelining happens), and a
-Chrome trace (`timeline.json`) to look at in chrome://tracing or https://ui.perfetto.dev.
+`Worker.span`, the driver with `PhaseTimer`. Knowing which devices each (group, rank) process holds turns spans into
+per-device rows, from which this module derives `util/device_<i>/busy_frac`, the overlap of two groups (proof that
+pipelining happens), and a Chrome trace (`timeline.json`) to look at in chrome://tracing or https://ui.perfetto.dev.
 """
 
 from __future__ import annotations
