@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from rlplace.reasoning.models.tiny_lm import build_tiny_lm, load_tokenizer
 from rlplace.reasoning.generation import make_engine
+from rlplace.reasoning.models.tiny_lm import build_tiny_lm, load_tokenizer
 
 
 def prompts_for(tokenizer, batch: int) -> list[list[int]]:

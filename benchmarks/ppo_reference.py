@@ -6,7 +6,12 @@ hyperparameters for wall time: the distributed runner adds a fixed cost per trai
 the table also shows the time with an assumed per-step overhead.
 
     python benchmarks/ppo_reference.py train --seeds 1 2 3        # time to mean return >= 475 on CartPole
+    python benchmarks/ppo_reference.py train --stats ...          # also each step's train/* metrics, as JSON lines
     python benchmarks/ppo_reference.py timing                     # HalfCheetah sim vs MLP inference cost per env step
+
+With one actor rank, the distributed runner computes exactly these numbers whatever the placement (the env split
+over workers and pipeline stages does not matter: seeds and sampling noise are keyed by global env index), so
+`--stats` gives the train/* metrics a tiny run must log (tests/embodied/test_runner.py pins them).
 
 The train defaults are the tuned CartPole settings: 16 envs x 256 steps, Adam lr 3e-3 (constant), 10 epochs x 4
 minibatches, ent_coef 0, gamma 0.995, lambda 0.95, clip 0.2, vf 0.5, max grad norm 0.5. Few, large steps were
@@ -16,6 +21,7 @@ preferred because the distributed runner pays a fixed cost per step; they solved
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -23,9 +29,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlplace.algorithms import PPOParams, compute_gae, ppo_update, uniform_noise
+from rlplace.core.rng import uniform_noise
+from rlplace.embodied.advantages import compute_gae
+from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.envs import EnvSlice, env_spec
 from rlplace.embodied.policy import MLPActorCritic
+from rlplace.embodied.ppo import ppo_update
 
 
 @dataclass
@@ -48,7 +57,11 @@ def train(args: argparse.Namespace, seed: int) -> Result:
     envs = EnvSlice(args.task, 0, n, seed)
     model = MLPActorCritic(spec.obs_dim, spec.action, args.hidden_sizes)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, eps=1e-5)
-    params = PPOParams(
+    params = PPOConfig(
+        gamma=args.gamma,
+        gae_lambda=args.gae_lambda,
+        lr=args.lr,
+        anneal_lr=args.anneal_steps > 0,
         update_epochs=args.update_epochs,
         num_minibatches=args.num_minibatches,
         clip_ratio_low=args.clip_coef,
@@ -95,7 +108,8 @@ def train(args: argparse.Namespace, seed: int) -> Result:
             next_obs = torch.from_numpy(o)
             next_done = torch.from_numpy(terminated | truncated).float()
 
-        recent_returns.extend(envs.pop_episode_stats().returns)
+        episodes = envs.pop_episode_stats()
+        recent_returns.extend(episodes.returns)
         if args.verbose and recent_returns:
             print(f"  step {step:>4}  mean return (last 20) {np.mean(recent_returns):7.1f}", flush=True)
         if len(recent_returns) == recent_returns.maxlen and np.mean(recent_returns) >= args.target:
@@ -104,7 +118,9 @@ def train(args: argparse.Namespace, seed: int) -> Result:
         t0 = time.perf_counter()
         with torch.no_grad():
             last_value = model.value(next_obs)
-        advantages, returns = compute_gae(rewards, values, dones, last_value, next_done, args.gamma, args.gae_lambda)
+        advantages, returns = compute_gae(
+            rewards, values, dones, last_value, next_done, params.gamma, params.gae_lambda
+        )
         batch = {
             "obs": obs.reshape(T * n, -1),
             "actions": actions.reshape(T * n, *action_shape),
@@ -113,8 +129,17 @@ def train(args: argparse.Namespace, seed: int) -> Result:
             "advantages": advantages.reshape(-1),
             "returns": returns.reshape(-1),
         }
-        ppo_update(model, optimizer, batch, params, generator)
+        stats = ppo_update(model, optimizer, batch, params, generator)
         update_s += time.perf_counter() - t0
+        if args.stats:  # what the runner logs under the same names, at its 0-based step
+            stats["train/lr"] = optimizer.param_groups[0]["lr"]
+            if episodes.returns:
+                stats["env/episode_return"] = float(np.mean(episodes.returns))
+                stats["env/episodes"] = len(episodes.returns)
+            if recent_returns:
+                stats["env/return_last20"] = float(np.mean(recent_returns))
+            stats["env/total_steps"] = step * T * n
+            print(json.dumps({"step": step - 1, **stats}), flush=True)
     steps = args.max_steps
     return Result(seed, False, steps, steps * T * n, time.perf_counter() - start, env_s, infer_s, update_s)
 
@@ -203,6 +228,7 @@ def main() -> None:
     tr.add_argument("--step-overhead-ms", type=float, default=100.0, help="assumed distributed cost per step")
     tr.add_argument("--threads", type=int, default=1)
     tr.add_argument("--verbose", action="store_true", help="print the mean return after every step")
+    tr.add_argument("--stats", action="store_true", help="print every step's train/* metrics as a JSON line")
     tm = sub.add_parser("timing", help="sim vs inference cost per env step")
     tm.add_argument("--task", default="halfcheetah")
     tm.add_argument("--num-envs", type=int, default=8)

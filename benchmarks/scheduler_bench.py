@@ -99,7 +99,7 @@ def channel_throughput() -> list[Row]:
 
 
 def transfers(cluster: Cluster, device: str, sender_device: int, receiver_device: int, label: str) -> list[Row]:
-    """One rank sends tensors to one rank of another group; baseline: cloning the tensor in the driver."""
+    """One rank broadcasts tensors to another group of one rank; baseline: cloning the tensor in the driver."""
     sender = Bench.create_group().launch(cluster, name=f"tx-{label}", placement_strategy=ranks([sender_device]))
     receiver = Bench.create_group().launch(cluster, name=f"rx-{label}", placement_strategy=ranks([receiver_device]))
     rows = []
@@ -109,9 +109,10 @@ def transfers(cluster: Cluster, device: str, sender_device: int, receiver_device
         received.wait()
         tensor = torch.ones(nbytes // 4, device=device)
         baseline = timed(tensor.clone, 4 * count)
-        rate = f"{1 / seconds:,.0f} sends/s"
+        rate = f"{1 / seconds:,.0f} transfers/s"
         payload = f"{nbytes // MB} MB tensor"
-        rows.append((f"send ({label})", payload, rate, gbps(nbytes, seconds), "torch clone", gbps(nbytes, baseline)))
+        case = f"broadcast to 1 rank ({label})"
+        rows.append((case, payload, rate, gbps(nbytes, seconds), "torch clone", gbps(nbytes, baseline)))
     sender.terminate()
     receiver.terminate()
     return rows

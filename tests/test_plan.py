@@ -1,4 +1,8 @@
-"""`rlplace-plan` as users run it: a subprocess, its table, its JSON, and exit code 2 on bad input."""
+"""`rlplace-plan` as users run it: a subprocess, its table, its JSON, and exit code 2 on bad input.
+
+Bad input is checked in-process through `resolve` (what `rlplace-plan` and `rlplace-train` both call), one
+subprocess case shows the CLI turning a refusal into exit code 2 and one line on stderr.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,12 @@ import sys
 import time
 
 import pytest
+from hydra.errors import ConfigCompositionException
+
+from rlplace.cli import compose_run, describe_compose_error
+from rlplace.core.errors import ConfigError
+from rlplace.families import resolve
+from rlplace.placement import PlacementError
 
 
 def run_plan(*overrides: str) -> subprocess.CompletedProcess[str]:
@@ -39,22 +49,75 @@ def test_multinode_devices_are_node_major() -> None:
     assert ranks[8] == {"rank": 8, "node": 1, "devices": [8]}
 
 
+def test_bad_input_exits_2_with_one_line() -> None:
+    start = time.monotonic()
+    result = run_plan("cluster.component_placement.env=0-9")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "rlplace: error: cluster.component_placement.env = '0-9': device 9 is out of range; this cluster has 2 "
+        "devices (valid: 0-1)\n"
+    )
+    assert time.monotonic() - start < 10
+
+
 @pytest.mark.parametrize(
-    ("overrides", "message"),
+    ("overrides", "error", "message"),
     [
-        (["cluster.component_placement.env=0-9"], "cluster.component_placement.env = '0-9': device 9 is out of range"),
-        (["cluster=single_gpu", "placement=hybrid"], "cluster.component_placement.env"),
-        (["placement=disaggregated"], "cluster.component_placement.env"),
-        (["~cluster.component_placement.rollout"], "rollout"),
-        (["+cluster.component_placement.critic_model=0"], "critic_model"),
-        (["cluster.num_nodes=x"], "cluster.num_nodes=x"),
-        (["plan.format=xml"], "plan.format = 'xml'"),
+        (["cluster=single_gpu", "placement=hybrid"], ConfigError, "cluster.component_placement.env"),
+        (["placement=disaggregated"], ConfigError, "cluster.component_placement.env"),
+        (["~cluster.component_placement.rollout"], PlacementError, r"required component\(s\) rollout not placed"),
+        (["+cluster.component_placement.critic_model=0"], PlacementError, "unknown component 'critic_model'"),
+        (["plan.format=xml"], ConfigError, "plan.format = 'xml'"),
     ],
 )
-def test_bad_input_exits_2_with_one_line(overrides: list[str], message: str) -> None:
-    start = time.monotonic()
-    result = run_plan(*overrides)
-    assert result.returncode == 2
-    assert message in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert time.monotonic() - start < 10
+def test_bad_input_is_refused_naming_key_and_value(
+    compose_cfg, overrides: list[str], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message) as info:
+        resolve(compose_cfg(*overrides))
+    assert "\n" not in str(info.value)  # the CLIs print it as one line
+
+
+def test_a_component_the_embodied_family_lacks_is_refused(compose_cfg) -> None:
+    # `rlplace-plan +cluster.component_placement.critic=0` (embodied): there is no critic worker group to place.
+    with pytest.raises(
+        PlacementError,
+        match=r"cluster\.component_placement\.critic = 0: unknown component 'critic' for this task "
+        r"\(valid: env, rollout, actor\)",
+    ):
+        resolve(compose_cfg("+cluster.component_placement.critic=0"))
+
+
+@pytest.mark.parametrize(
+    ("override", "section"),
+    [("algorithm=grpo", "algorithm"), ("rollout=hf", "rollout"), ("model=tiny_lm", "model")],
+)
+def test_reasoning_options_on_an_embodied_task_are_refused_naming_the_section(
+    compose_cfg, override: str, section: str
+) -> None:
+    with pytest.raises(
+        ConfigError, match=rf"^{section}: the chosen option .* is a reasoning-family option, .*cartpole"
+    ):
+        resolve(compose_cfg(override))
+
+
+def test_a_reasoning_placement_on_an_embodied_task_is_refused(compose_cfg) -> None:
+    with pytest.raises(PlacementError, match="unknown component 'reward' for this task"):
+        resolve(compose_cfg("placement=reasoning_collocated"))
+
+
+def test_a_value_of_the_wrong_type_is_refused_while_composing(capsys: pytest.CaptureFixture[str]) -> None:
+    # Composition errors never reach resolve: compose_run reports them as one line and exits 2.
+    with pytest.raises(SystemExit) as info:
+        compose_run(["cluster.num_nodes=x"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlplace: error: ") and "cluster.num_nodes=x" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_compose_error_description_is_one_line(compose_cfg) -> None:
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_cfg("cluster.num_nodes=x")
+    description = describe_compose_error(info.value)
+    assert "cluster.num_nodes=x" in description and "\n" not in description

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rlplace.algorithms import uniform_noise
+from rlplace.core.rng import uniform_noise
 
 
 def test_deterministic_and_in_open_unit_interval() -> None:

@@ -1,11 +1,19 @@
-"""GAE and group-normalised advantages against hand-computed examples."""
+"""GAE and group-normalised advantages against hand-computed examples, and the `algorithm.adv_estimator` registry."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rlplace.algorithms import ADVANTAGE_ESTIMATORS, compute_gae, get_advantage_estimator, group_normalized_advantages
+from rlplace.core.errors import ConfigError
+from rlplace.embodied.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    compute_gae,
+    group_normalized_advantages,
+)
+from rlplace.embodied.config import PPOConfig
+from rlplace.embodied.trajectory import Trajectory
 
 
 def test_gae_hand_computed() -> None:
@@ -75,12 +83,39 @@ def test_group_size_must_divide_envs() -> None:
         group_normalized_advantages(torch.ones(2, 4), torch.zeros(2, 4), 1.0, 3)
 
 
+def _batch(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor) -> Trajectory:
+    num_steps, num_envs = rewards.shape
+    batch = Trajectory.allocate(num_steps, torch.arange(num_envs), obs_dim=1, action_shape=())
+    batch.rewards, batch.values, batch.dones = rewards, values, dones
+    return batch
+
+
 def test_registry_uniform_call_and_unknown_name() -> None:
-    rewards, values, dones = torch.ones(3, 2), torch.zeros(3, 2), torch.zeros(3, 2)
-    for name in ADVANTAGE_ESTIMATORS:
-        advantages, returns = get_advantage_estimator(name)(
-            rewards, values, dones, torch.zeros(2), torch.zeros(2), gamma=0.99, gae_lambda=0.95, group_size=2
-        )
+    # Every estimator takes (batch, algorithm section) and is what `compute_advantages` dispatches to by name.
+    batch = _batch(torch.ones(3, 2), torch.zeros(3, 2), torch.zeros(3, 2))
+    assert set(ADVANTAGE_ESTIMATORS) == {"gae", "group_norm"}
+    for name, estimator in ADVANTAGE_ESTIMATORS.items():
+        alg = PPOConfig(adv_estimator=name, gamma=0.99, gae_lambda=0.95, group_size=2)
+        advantages, returns = estimator(batch, alg)
         assert advantages.shape == returns.shape == (3, 2)
-    with pytest.raises(ValueError, match="'vtrace'.*gae, group_norm"):
-        get_advantage_estimator("vtrace")
+        for got, expected in zip(compute_advantages(batch, alg), (advantages, returns), strict=True):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    # An unknown name never reaches the registry: the algorithm section refuses it, naming the valid ones.
+    with pytest.raises(ConfigError, match="'vtrace'.*gae, group_norm"):
+        PPOConfig(adv_estimator="vtrace")
+
+
+def test_estimators_read_the_algorithm_section() -> None:
+    # gae follows gamma and gae_lambda (the hand-computed example above); group_norm follows gamma and group_size.
+    batch = _batch(torch.tensor([[1.0], [2.0], [3.0]]), torch.tensor([[1.0], [1.0], [2.0]]), torch.zeros(3, 1))
+    batch.dones[2], batch.last_value = 1.0, torch.tensor([4.0])
+    advantages, returns = compute_advantages(batch, PPOConfig(adv_estimator="gae", gamma=0.5, gae_lambda=0.5))
+    torch.testing.assert_close(advantages, torch.tensor([[0.75], [1.0], [3.0]]))
+    torch.testing.assert_close(returns, torch.tensor([[1.75], [2.0], [5.0]]))
+    rewards = torch.tensor([[1.0, 1.0, 2.0, 0.0], [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 4.0]])
+    dones = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    alg = PPOConfig(adv_estimator="group_norm", gamma=1.0, group_size=2)
+    advantages, returns = compute_advantages(_batch(rewards, torch.zeros(3, 4), dones), alg)
+    expected = group_normalized_advantages(rewards, dones, gamma=1.0, group_size=2)
+    torch.testing.assert_close(advantages, expected[0], rtol=0, atol=0)
+    torch.testing.assert_close(returns, expected[1], rtol=0, atol=0)

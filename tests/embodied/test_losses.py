@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlplace.algorithms import entropy_bonus, ppo_policy_loss, value_loss
+from rlplace.embodied.losses import entropy_bonus, ppo_policy_loss, value_loss
 
 
 def test_policy_loss_clipped_and_unclipped() -> None:

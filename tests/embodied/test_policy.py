@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlplace.algorithms import uniform_noise
+from rlplace.core.rng import uniform_noise
 from rlplace.embodied.envs import ActionSpec
 from rlplace.embodied.policy import MLPActorCritic
 

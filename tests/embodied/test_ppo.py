@@ -1,4 +1,5 @@
-"""ppo_update: lowers the PPO loss on a fixed batch, is deterministic given the generator, averages via allreduce."""
+"""ppo_update: lowers the PPO loss on a fixed batch, is deterministic given the generator, averages via allreduce,
+and reads its hyperparameters from the `algorithm` config section (PPOConfig) as it is."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import threading
 import pytest
 import torch
 
-from rlplace.algorithms import PPOParams, ppo_update
-from rlplace.embodied.losses import ppo_policy_loss, value_loss
+from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.envs import ActionSpec
+from rlplace.embodied.losses import ppo_policy_loss, value_loss
 from rlplace.embodied.policy import MLPActorCritic
+from rlplace.embodied.ppo import ppo_update
 
-PARAMS = PPOParams(update_epochs=4, num_minibatches=4, ent_coef=0.0)
+PARAMS = PPOConfig(update_epochs=4, num_minibatches=4, ent_coef=0.0)
 
 
 def _setup(seed: int = 0) -> tuple[MLPActorCritic, torch.optim.Optimizer, dict[str, torch.Tensor]]:
@@ -108,3 +110,25 @@ def test_refuses_incomplete_or_tiny_batch() -> None:
         ppo_update(model, optimizer, {k: v for k, v in batch.items() if k != "returns"}, PARAMS, torch.Generator())
     with pytest.raises(ValueError, match="too small"):
         ppo_update(model, optimizer, {k: v[:6] for k, v in batch.items()}, PARAMS, torch.Generator())
+
+
+def test_follows_the_algorithm_section() -> None:
+    # update_epochs x num_minibatches optimizer steps, each after one gradient average.
+    model, optimizer, batch = _setup()
+    calls: list[int] = []
+    alg = PPOConfig(update_epochs=3, num_minibatches=2, ent_coef=0.0)
+    ppo_update(model, optimizer, batch, alg, torch.Generator().manual_seed(0), lambda grads: calls.append(len(grads)))
+    assert len(calls) == 6
+    # Advantages are normalised per minibatch only with norm_adv, which needs two samples per minibatch.
+    tiny = {k: v[:2] for k, v in batch.items()}
+    with pytest.raises(ValueError, match="too small"):
+        ppo_update(model, optimizer, tiny, PPOConfig(num_minibatches=2), torch.Generator())
+    stats = ppo_update(model, optimizer, tiny, PPOConfig(num_minibatches=2, norm_adv=False), torch.Generator())
+    assert stats["train/grad_norm"] > 0
+    # clip_vloss=False trains the critic on the unclipped loss: the same seed gives other weights.
+    results = []
+    for clip_vloss in (True, False):
+        model, optimizer, batch = _setup()
+        ppo_update(model, optimizer, batch, PPOConfig(clip_vloss=clip_vloss), torch.Generator().manual_seed(1))
+        results.append(torch.cat([p.detach().flatten() for p in model.critic.parameters()]))
+    assert not torch.equal(*results)

@@ -1,47 +1,130 @@
-"""The embodied loop end to end, as users run it: `rlplace-train` in a subprocess on an embedded local Ray.
+"""The embodied loop end to end on a real (embedded, local) Ray, as `rlplace-train` runs it.
 
-Each run is a few tiny steps (4 envs x 16 steps) so that the checks are about behaviour, not speed: placement does
-not change results, pipelining overlaps env and rollout, checkpoints resume exactly, bad input is refused early.
+Each run is 2 tiny steps (4 CartPole envs x 16 steps, one actor process) so that the checks are about
+behaviour, not speed: the math gives pinned numbers, placement does not change results, pipelining overlaps env and
+rollout, checkpoints resume exactly, bad input is refused early. Runs go through `rlplace.train.train` in this
+process (what `rlplace-train` calls after resolving), sharing one embedded Ray that each run joins; one subprocess
+case checks the CLI's refusal. The runs are module fixtures, each shared by the tests that read it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import ray
 
+from rlplace.cli import compose_run
+from rlplace.core.config import ClusterConfig
+from rlplace.core.errors import ConfigError
+from rlplace.families import resolve
 from rlplace.metrics import Timeline
+from rlplace.placement import PlacementError
+from rlplace.scheduler import Cluster
+from rlplace.train import RUN_INFO, train
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY = [
     "task.total_num_envs=4",
     "rollout.num_steps=16",
     "rollout.pipeline_stage_num=2",
     "algorithm.num_minibatches=2",
-    "algorithm.update_epochs=2",
-    "runner.max_steps=3",
+    "algorithm.update_epochs=4",
+    "algorithm.lr=0.01",  # large enough for the ratio to leave the clip range: the pinned clip_frac is not 0
+    "runner.max_steps=2",
     "logger=jsonl",
 ]
-# Same process counts in both modes (2 actor, 2 env, 2 rollout processes on the 2 logical devices), so the numbers
-# must match exactly; only which device each process shares changes.
-COLLOCATED = ["placement=collocated"]
-HYBRID = ["placement=hybrid", "cluster.component_placement.env='0:0-1'", "cluster.component_placement.rollout='1:0-1'"]
-COMPARED = ("env/episode_return", "env/return_last20", "train/policy_loss", "train/value_loss", "train/entropy")
+# The same processes in both modes (1 actor, 2 env and 2 rollout processes, each on one logical device: one core),
+# so the numbers must match exactly; only which device each process shares changes. Hybrid: actor and env on device
+# 0, the rollout on device 1, so env and rollout overlap. Collocated: all on device 0 (the hybrid preset's keys, with
+# other values; the mode is derived from the devices). Two processes each for env and rollout keep enough going on
+# that env steps overlap inference although a channel hand-off costs more than a CartPole step or an MLP forward
+# (with one rollout process the overlap is a tenth as long).
+HYBRID = [
+    "placement=hybrid",
+    "cluster.component_placement.actor=0",
+    "cluster.component_placement.env=0:0-1",
+    "cluster.component_placement.rollout=1:0-1",
+]
+COLLOCATED = [*HYBRID[:3], "cluster.component_placement.rollout=0:0-1"]
+COMPARED = (
+    "env/episode_return",
+    "env/return_last20",
+    "train/policy_loss",
+    "train/value_loss",
+    "train/entropy",
+    "train/kl",
+    "train/clip_frac",
+    "train/grad_norm",
+)
+
+# The numbers a tiny run must produce, step by step. They were computed once with the single-process reference,
+# which implements the same math in one loop (CartPole seed 1, 4 envs x 16 steps, gamma 0.98 and lambda 0.8 from
+# conf/algorithm/ppo.yaml, lr 0.01 annealed over the 2 steps, 4 epochs x 2 minibatches, clip 0.2, vf 0.5, ent 0, max
+# grad norm 0.5, 64x64 tanh), and pasted here:
+#   python benchmarks/ppo_reference.py train --task cartpole --seeds 1 --num-envs 4 --num-steps 16 --lr 0.01 \
+#       --anneal-steps 2 --update-epochs 4 --num-minibatches 2 --ent-coef 0 --vf-coef 0.5 --clip-coef 0.2 \
+#       --max-grad-norm 0.5 --gamma 0.98 --gae-lambda 0.8 --max-steps 2 --stats
+# (--stats prints each step's train/* and env/* as the runner names them.) With one actor rank the distributed run
+# computes the same math; only the order of float sums may differ (threads, batch splits), so the tolerance is
+# relative 1e-5 and, for the policy loss, whose terms cancel to about 1e-4, absolute 1e-6.
+REFERENCE = (
+    "train --task cartpole --seeds 1 --num-envs 4 --num-steps 16 --lr 0.01 --anneal-steps 2 --update-epochs 4 "
+    "--num-minibatches 2 --ent-coef 0 --vf-coef 0.5 --clip-coef 0.2 --max-grad-norm 0.5 --gamma 0.98 "
+    "--gae-lambda 0.8 --max-steps 2 --stats"
+).split()
+PINNED = [
+    {
+        "train/policy_loss": 0.0007213479839265347,
+        "train/value_loss": 4.930653095245361,
+        "train/entropy": 0.6864839196205139,
+        "train/kl": 0.006666479632258415,
+        "train/clip_frac": 0.09765625,
+        "train/grad_norm": 0.9776884913444519,
+        "train/lr": 0.01,
+        "env/episode_return": 10.666666666666666,
+        "env/episodes": 3,
+        "env/return_last20": 10.666666666666666,
+        "env/total_steps": 64,
+    },
+    {
+        "train/policy_loss": -0.00013097794726490974,
+        "train/value_loss": 5.472129821777344,
+        "train/entropy": 0.691685676574707,
+        "train/kl": 0.0035706672351807356,
+        "train/clip_frac": 0.0546875,
+        "train/grad_norm": 1.2157665491104126,
+        "train/lr": 0.005,
+        "env/episode_return": 15.0,
+        "env/episodes": 1,
+        "env/return_last20": 11.75,  # the 4 episodes so far
+        "env/total_steps": 128,
+    },
+]
 
 
-def train(run_dir: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "rlplace.train", *TINY, f"hydra.run.dir={run_dir}", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if check:
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
+@pytest.fixture(scope="module")
+def shared_ray() -> Iterator[None]:
+    """One embedded Ray for the module's runs; each run's Cluster joins it (and holds its device lease) instead of
+    starting and stopping its own, which costs seconds per run."""
+    if ray.is_initialized():  # someone else's Ray in this process: join it, leave it running
+        yield
+        return
+    with Cluster(ClusterConfig()):
+        yield
+
+
+def run(run_dir: Path, *overrides: str) -> list[dict[str, float]]:
+    """A tiny run, resolved and trained as `rlplace-train` does; its metrics.jsonl rows."""
+    plan = resolve(compose_run([*TINY, *overrides]))
+    train(plan, run_dir, resolved_config={})
+    return metrics(run_dir)
 
 
 def metrics(run_dir: Path) -> list[dict[str, float]]:
@@ -49,38 +132,78 @@ def metrics(run_dir: Path) -> list[dict[str, float]]:
 
 
 @pytest.fixture(scope="module")
-def hybrid_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def hybrid_run(shared_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("hybrid")
-    train(run_dir, *HYBRID, "runner.save_interval=2")
+    run(run_dir, *HYBRID, "runner.save_interval=1")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def collocated_run(shared_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("collocated")
+    run(run_dir, *COLLOCATED)
     return run_dir
 
 
 @pytest.mark.slow
 def test_run_writes_metrics_timeline_and_checkpoints(hybrid_run: Path) -> None:
+    assert json.loads((hybrid_run / RUN_INFO).read_text()) == {"mode": "hybrid", "num_devices": 2, "stages": 2}
     rows = metrics(hybrid_run)
-    assert [row["step"] for row in rows] == [0, 1, 2]
+    assert [row["step"] for row in rows] == [0, 1]
     for key in (
         "time/step",
         "time/generate_rollouts",
         "time/training",
+        "time/offload",
+        "time/onload",
         "throughput/env_steps_per_s",
         "throughput/env_steps_per_s_per_device",
         "util/device_0/busy_frac",
+        "util/device_1/busy_frac",
         "train/policy_loss",
         "env/return_last20",
     ):
         assert key in rows[-1], key
     trace = json.loads((hybrid_run / "timeline.json").read_text())
     names = {event["name"] for event in trace["traceEvents"] if event["ph"] == "X"}
-    assert {"env_step", "rollout_infer", "training", "sync_weights"} <= names
-    assert sorted(p.name for p in (hybrid_run / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
+    assert {"env_step", "rollout_infer", "training", "sync_weights", "offload", "onload"} <= names
+    assert sorted(p.name for p in (hybrid_run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
 
 
 @pytest.mark.slow
-def test_placement_changes_speed_never_results(hybrid_run: Path, tmp_path: Path) -> None:
-    train(tmp_path, *COLLOCATED)
-    hybrid, collocated = metrics(hybrid_run), metrics(tmp_path)
-    for step in range(3):
+def test_losses_match_the_single_process_reference(hybrid_run: Path) -> None:
+    assert_pinned(metrics(hybrid_run))
+
+
+def assert_pinned(rows: list[dict[str, float]]) -> None:
+    assert len(rows) == len(PINNED)
+    for step, (row, pinned) in enumerate(zip(rows, PINNED, strict=True)):
+        for key, expected in pinned.items():
+            tolerance = 1e-6 if key == "train/policy_loss" else 0.0
+            assert row[key] == pytest.approx(expected, rel=1e-5, abs=tolerance), (step, key)
+
+
+def test_the_reference_still_gives_the_pinned_numbers(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Keeps benchmarks/ppo_reference.py running and in step with PINNED (a tenth of a second in this process).
+    spec = importlib.util.spec_from_file_location("ppo_reference", ROOT / "benchmarks" / "ppo_reference.py")
+    reference = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, reference)  # its dataclasses look their module up
+    spec.loader.exec_module(reference)
+    monkeypatch.setattr(sys, "argv", ["ppo_reference.py", *REFERENCE])
+    reference.main()
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [row["step"] for row in rows] == [0, 1]
+    assert_pinned(rows)
+
+
+@pytest.mark.slow
+def test_placement_changes_speed_never_results(hybrid_run: Path, collocated_run: Path) -> None:
+    assert json.loads((collocated_run / RUN_INFO).read_text())["mode"] == "collocated"
+    hybrid, collocated = metrics(hybrid_run), metrics(collocated_run)
+    assert len(hybrid) == len(collocated) == 2
+    for step in range(2):
         for key in COMPARED:
             assert hybrid[step][key] == collocated[step][key], (step, key)
 
@@ -107,24 +230,42 @@ def test_env_and_rollout_pipeline_across_devices(hybrid_run: Path) -> None:
 
 @pytest.mark.slow
 def test_resume_continues_exactly(hybrid_run: Path, tmp_path: Path) -> None:
-    train(tmp_path, *HYBRID, f"runner.resume={hybrid_run / 'checkpoints' / 'step_000002'}")
-    resumed, full = metrics(tmp_path), metrics(hybrid_run)
-    assert [row["step"] for row in resumed] == [2]
-    for key in (*COMPARED, "env/total_steps"):
-        assert resumed[0][key] == full[2][key], key
+    resumed = run(tmp_path, *HYBRID, f"runner.resume={hybrid_run / 'checkpoints' / 'step_000001'}")
+    full = metrics(hybrid_run)
+    assert [row["step"] for row in resumed] == [1]
+    for key in (*COMPARED, "env/total_steps", "train/lr"):
+        assert resumed[0][key] == full[1][key], key
 
 
 @pytest.mark.parametrize(
-    ("overrides", "message"),
+    ("overrides", "error", "message"),
     [
-        (["task.total_num_envs=6", "placement=collocated"], "task.total_num_envs = 6 must divide evenly"),
-        (["task.env_id=Pong-v9"], "task.env_id = 'Pong-v9'"),
-        (["~cluster.component_placement.env"], "env"),
-        (["runner.resume=/no/such/checkpoint"], "runner.resume = '/no/such/checkpoint'"),
+        (["task.total_num_envs=6", "placement=collocated"], ConfigError, "task.total_num_envs = 6 must divide evenly"),
+        (["task.env_id=Pong-v9"], ConfigError, "task.env_id = 'Pong-v9'"),
+        (["task.env_id=HalfCheetah-v5"], ConfigError, "task.name = 'cartpole' does not match task.env_id"),
+        (["~cluster.component_placement.env"], PlacementError, r"required component\(s\) env not placed"),
+        (["+cluster.component_placement.critic=0"], PlacementError, "unknown component 'critic'"),
+        (["runner.resume=/no/such/checkpoint"], ConfigError, "runner.resume = '/no/such/checkpoint'"),
+        (["algorithm.num_minibatches=64"], ConfigError, "algorithm.num_minibatches = 64 is too many"),
     ],
 )
-def test_bad_input_is_refused_before_workers_start(tmp_path: Path, overrides: list[str], message: str) -> None:
-    result = train(tmp_path, *overrides, check=False)
+def test_bad_input_is_refused_before_workers_start(
+    compose_cfg, overrides: list[str], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        resolve(compose_cfg(*TINY, *overrides))
+
+
+def test_cli_refuses_bad_input_with_exit_2_and_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rlplace.train", *TINY, f"hydra.run.dir={tmp_path}", "task.env_id=Pong-v9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
-    assert message in result.stderr
+    assert result.stderr.startswith("rlplace: error: task.env_id = 'Pong-v9': unknown task 'Pong-v9'")
+    assert len(result.stderr.strip().splitlines()) == 1
     assert "Worker" not in result.stdout + result.stderr
+    assert not (tmp_path / RUN_INFO).exists()  # refused before the run started

@@ -1,4 +1,8 @@
-"""ComponentPlacement as the runner and CLI see it: mode detection, queries, the JSON shape, config-driven builds."""
+"""ComponentPlacement as the runner and CLI see it: mode detection, queries, the JSON shape, config-driven builds.
+
+A placement knows its task family's components (`components=`); a config-driven placement reads them from the config
+(`cfg.components`, a class attribute of EmbodiedConfig and ReasoningConfig).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
+from rlplace.core.config import ClusterConfig
+from rlplace.embodied.config import COMPONENTS, EmbodiedConfig
 from rlplace.placement import (
     ComponentPlacement,
     FlexiblePlacementStrategy,
@@ -19,6 +25,12 @@ from rlplace.placement import (
     PackedPlacementStrategy,
     PlacementError,
 )
+from rlplace.reasoning.config import ReasoningConfig
+
+
+def placed(config: dict) -> tuple[str, ...]:
+    """The component names the keys of `config` place (the components, for a test about modes)."""
+    return tuple(name.strip() for key in config for name in key.split(","))
 
 
 @pytest.mark.parametrize(
@@ -37,12 +49,12 @@ from rlplace.placement import (
     ],
 )
 def test_mode(config: dict, num_nodes: int, per_node: int, mode: str) -> None:
-    assert ComponentPlacement(config, num_nodes, per_node).mode == mode
+    assert ComponentPlacement(config, num_nodes, per_node, components=placed(config)).mode == mode
 
 
 @pytest.fixture
 def seed_placement() -> ComponentPlacement:
-    return ComponentPlacement({"actor": "0-7", "env": "0-3", "rollout": "4-7"}, 1, 8, required=("actor", "env"))
+    return ComponentPlacement({"actor": "0-7", "env": "0-3", "rollout": "4-7"}, 1, 8, components=COMPONENTS)
 
 
 def test_queries(seed_placement: ComponentPlacement) -> None:
@@ -59,7 +71,7 @@ def test_queries(seed_placement: ComponentPlacement) -> None:
 
 
 def test_device_sharing_lists_idle_devices() -> None:
-    sharing = ComponentPlacement({"actor": "0,2"}, 1, 4).device_sharing()
+    sharing = ComponentPlacement({"actor": "0,2"}, 1, 4, components=("actor",)).device_sharing()
     assert sharing == {0: ["actor"], 1: [], 2: ["actor"], 3: []}
 
 
@@ -74,11 +86,12 @@ def test_device_sharing_lists_idle_devices() -> None:
     ],
 )
 def test_strategy_kind_follows_value(value: object, strategy: object) -> None:
-    assert ComponentPlacement({"env": value}, 1, 8).get_strategy("env") == strategy
+    assert ComponentPlacement({"env": value}, 1, 8, components=("env",)).get_strategy("env") == strategy
 
 
 def test_to_dict_shape(seed_placement: ComponentPlacement) -> None:
-    summary = ComponentPlacement({"actor": "0-7:0-1", "env": {"node_group": "node", "placement": "1"}}, 2, 4).to_dict()
+    config = {"actor": "0-7:0-1", "env": {"node_group": "node", "placement": "1"}}
+    summary = ComponentPlacement(config, 2, 4, components=("actor", "env")).to_dict()
     assert summary == {
         "mode": "collocated",
         "num_devices": 8,
@@ -91,6 +104,7 @@ def test_to_dict_shape(seed_placement: ComponentPlacement) -> None:
 
 
 CONFIG_YAML = """
+components: [env, rollout, actor]
 cluster:
   num_nodes: 1
   num_devices_per_node: 8
@@ -142,6 +156,8 @@ class _ClusterConfig:
 
 @dataclass
 class _Config:
+    # A field rather than a class attribute (as in EmbodiedConfig), so that the structured DictConfig has it too.
+    components: list[str] = field(default_factory=lambda: list(COMPONENTS))
     cluster: _ClusterConfig = field(default_factory=_ClusterConfig)
 
 
@@ -163,6 +179,29 @@ def test_placement_layer_never_imports_ray_or_hydra() -> None:
 
 
 def test_null_value_removes_a_preset_key() -> None:
-    placement = ComponentPlacement({"actor,env,rollout": None, "actor,rollout": 0, "env": 1}, 1, 2)
+    placement = ComponentPlacement(
+        {"actor,env,rollout": None, "actor,rollout": 0, "env": 1}, 1, 2, components=COMPONENTS
+    )
     assert placement.components == ["actor", "rollout", "env"]
     assert placement.mode == "hybrid"  # actor and rollout share device 0
+
+
+def test_hybrid_places_the_components_of_the_configs_family() -> None:
+    embodied = EmbodiedConfig(cluster=ClusterConfig(component_placement={"actor": "all", "env": "0", "rollout": "1"}))
+    assert HybridComponentPlacement(embodied).components == ["actor", "env", "rollout"]
+    # The same mapping is no reasoning run: env is not one of its components, and reward and inference are unplaced.
+    reasoning = ReasoningConfig(cluster=embodied.cluster)
+    with pytest.raises(
+        PlacementError, match=r"unknown component 'env' for this task \(valid: rollout, reward, inference"
+    ):
+        HybridComponentPlacement(reasoning)
+    reasoning.cluster.component_placement = {"actor,rollout": "all"}
+    with pytest.raises(PlacementError, match=r"required component\(s\) reward, inference not placed"):
+        HybridComponentPlacement(reasoning)
+
+
+def test_config_without_components_is_refused() -> None:
+    cfg = OmegaConf.create(CONFIG_YAML)
+    del cfg["components"]
+    with pytest.raises(PlacementError, match=r"cfg\.components is missing"):
+        HybridComponentPlacement(cfg)

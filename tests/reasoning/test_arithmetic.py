@@ -42,7 +42,9 @@ def test_same_seed_and_step_give_the_same_batch_whatever_came_before() -> None:
 
 
 def test_batches_do_not_depend_on_the_process_hash_seed() -> None:
-    code = "from rlplace.reasoning.tasks.arithmetic import ArithmeticTask; print(ArithmeticTask(seed=5).train_batch(2, 8))"
+    code = (
+        "from rlplace.reasoning.tasks.arithmetic import ArithmeticTask; print(ArithmeticTask(seed=5).train_batch(2, 8))"
+    )
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code],

@@ -2,7 +2,8 @@
 keyed per sequence, and stopping at EOS or max_new_tokens.
 
 The models are tiny LMs trained for a few seconds to memorise 16 sums (or differences), so greedy outputs are
-confident, varied and end with EOS rather than being near-ties of a random initialisation.
+confident, varied and end with EOS rather than being near-ties of a random initialisation. The tests that need a vLLM
+engine are marked slow: starting one takes seconds.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
 from rlplace.reasoning.generation import make_engine, sequence_seed
+from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
 
 EOS = 2
 PAIRS = [(73, 44), (33, 12), (72, 35), (75, 71), (74, 47), (18, 46), (98, 76), (94, 5)]
@@ -89,7 +90,7 @@ def vllm(vllm_built):
     return vllm_built.engine
 
 
-@pytest.fixture(params=["hf", "vllm"])
+@pytest.fixture(params=["hf", pytest.param("vllm", marks=pytest.mark.slow)])
 def engine(request, hf):
     """Each backend in turn; the vllm one only asks for vllm when its turn comes (hf runs without vllm)."""
     return request.getfixturevalue("vllm") if request.param == "vllm" else hf
@@ -105,12 +106,14 @@ def test_hf_greedy_answers_the_memorised_problems(models, hf):
     assert correct >= len(PAIRS) // 2, texts
 
 
+@pytest.mark.slow
 def test_hf_and_vllm_greedy_tokens_match(models, hf, vllm):
     expected = _greedy(hf, models.prompts)
     assert len({tuple(r) for r in expected}) >= 12, "outputs too uniform to tell the engines apart"
     assert _greedy(vllm, models.prompts) == expected
 
 
+@pytest.mark.slow
 def test_load_weights_in_place_switches_both_engines_to_the_new_model(models, hf, vllm):
     before = _greedy(hf, models.prompts)
     fresh = _greedy(make_engine("hf", str(models.differences), "cpu"), models.prompts)
@@ -173,6 +176,7 @@ def test_sleep_and_wake_up_are_no_ops_on_cpu(models, engine):
     assert _greedy(engine, models.prompts) == before
 
 
+@pytest.mark.slow
 def test_building_vllm_leaves_the_process_rng_and_threads_alone(vllm_built):
     torch.manual_seed(123)
     assert torch.equal(vllm_built.draws_after_build, torch.rand(4))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlplace.config import ConfigError
+from rlplace.core.errors import ConfigError
 from rlplace.reasoning.models.char_tokenizer import CHARACTERS
 from rlplace.reasoning.models.hf_folder import check_model_folder
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer

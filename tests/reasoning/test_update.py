@@ -1,5 +1,6 @@
 """llm_update on a real tiny LM: GRPO learns from rewards, the KL and clipping stats start at 0, the critic fits the
-returns, micro-batching and data parallelism change nothing, and compute_advantages dispatches per algorithm."""
+returns, data parallelism changes nothing, and compute_advantages dispatches per algorithm. The update reads the
+`algorithm` config section (ReasoningAlgorithmConfig) as it is."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rlplace.reasoning.update import LLMUpdateParams, compute_advantages, llm_update
-from rlplace.reasoning.batch import SequenceBatch, response_logprobs
+from rlplace.core.errors import ConfigError
 from rlplace.reasoning.advantages import grpo_advantages, masked_mean, reinforce_pp_advantages
-from rlplace.config import AlgorithmConfig
+from rlplace.reasoning.batch import SequenceBatch, response_logprobs
+from rlplace.reasoning.config import ReasoningAlgorithmConfig
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
+from rlplace.reasoning.update import compute_advantages, llm_update
 
 torch.set_num_threads(1)  # tiny model: one thread is as fast, and never contends with a busy machine
 
@@ -25,7 +27,24 @@ RESPONSES = ["3", "41", "5", "62", "30", "1", "70", "8"]
 """Rows of one prompt are adjacent; within a group no two responses share a first token, so each can move alone.
 Each group holds 10 tokens (EOS included), which makes per-rank token means average to the full batch's."""
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
-GRPO = LLMUpdateParams(name="grpo", group_size=GROUP, update_epochs=2, num_minibatches=2)
+
+
+def algorithm(name: str, **fields: object) -> ReasoningAlgorithmConfig:
+    """The `algorithm` section with the settings these tests were written for (one plain step, no entropy bonus,
+    no KL, gamma 1, grad norm clipped at 1), changed by `fields`."""
+    settings = {
+        "group_size": GROUP,
+        "gamma": 1.0,
+        "gae_lambda": 0.95,
+        "update_epochs": 1,
+        "num_minibatches": 1,
+        "ent_coef": 0.0,
+        "max_grad_norm": 1.0,
+    }
+    return ReasoningAlgorithmConfig(name=name, **(settings | fields))
+
+
+GRPO = algorithm("grpo", update_epochs=2, num_minibatches=2)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +159,7 @@ def test_ppo_critic_fits_the_returns(folder):
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
     critic_optimizer = torch.optim.Adam(critic.parameters(), lr=5e-3)
     # gamma = lambda = 1: the returns are the Monte Carlo returns (the reward on every token), whatever the values.
-    params = LLMUpdateParams(name="ppo", gamma=1.0, gae_lambda=1.0, update_epochs=2, num_minibatches=2)
+    params = algorithm("ppo", gae_lambda=1.0, update_epochs=2, num_minibatches=2)
     batch = _batch(folder, policy)
     mask = batch.response_mask
 
@@ -198,31 +217,13 @@ def test_allreduce_is_called_once_per_step_and_a_no_op_changes_nothing(folder):
 
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
-def test_micro_batches_accumulate_to_the_minibatch_gradient(folder, agg):
-    policy = load_causal_lm(folder)
-    batch = _batch(folder, policy)
-    params = replace(GRPO, loss_agg=agg)
-    advantages, _ = compute_advantages(batch, params)
-    twins, results = [copy.deepcopy(policy) for _ in range(2)], []
-    for twin, micro_rows in zip(twins, (None, 1), strict=True):
-        optimizer = torch.optim.SGD(twin.parameters(), lr=0.5)
-        results.append(
-            llm_update(
-                twin, optimizer, batch, advantages, params, torch.Generator().manual_seed(2), micro_rows=micro_rows
-            )
-        )
-    torch.testing.assert_close(_flat(twins[0]), _flat(twins[1]), atol=1e-5, rtol=1e-5)
-    assert not torch.equal(_flat(twins[0]), _flat(policy))
-    for key, value in results[0].items():
-        assert results[1][key] == pytest.approx(value, abs=1e-5), key
-
-
-def test_two_data_parallel_ranks_match_one_process(folder):
+def test_two_data_parallel_ranks_match_one_process(folder, agg):
     # Two ranks on threads, one prompt group each, average their gradients through shared slots as
-    # torch.distributed's all-reduce would. The groups hold 10 tokens each, so the average of the ranks' token-mean
-    # gradients is the full batch's: both ranks must end identical, and equal to one process on the whole batch.
+    # torch.distributed's all-reduce would. The groups hold 10 tokens (and 4 responses) each, so the average of the
+    # ranks' token-mean (or sequence-mean) gradients is the full batch's: both ranks must end identical, and equal to
+    # one process on the whole batch.
     policy = load_causal_lm(folder)
-    params = replace(GRPO, num_minibatches=1)
+    params = replace(GRPO, num_minibatches=1, loss_agg=agg)
     shards = [_batch(folder, policy, slice(rank, rank + 1)) for rank in range(2)]
     ranks = [copy.deepcopy(policy) for _ in range(2)]
     barrier = threading.Barrier(2, timeout=30)
@@ -277,13 +278,13 @@ def test_compute_advantages_per_algorithm(folder, tmp_path):
     assert no_returns is None
     torch.testing.assert_close(grpo, grpo_advantages(batch.rewards, batch.response_mask, GROUP))
 
-    kl_in_reward = LLMUpdateParams(name="reinforce_pp", group_size=GROUP, kl_coef=0.1, use_kl_loss=False)
+    kl_in_reward = algorithm("reinforce_pp", kl_coef=0.1, use_kl_loss=False)
     rpp, _ = compute_advantages(batch, kl_in_reward)
     rpp_kl_loss, _ = compute_advantages(batch, replace(kl_in_reward, use_kl_loss=True))
     assert not torch.allclose(rpp, rpp_kl_loss)  # the penalty is in the rewards only when use_kl_loss is off
     torch.testing.assert_close(rpp_kl_loss, reinforce_pp_advantages(batch.rewards, mask, None, 0.1, GROUP))
 
-    ppo = LLMUpdateParams(name="ppo", gamma=1.0, gae_lambda=0.9)
+    ppo = algorithm("ppo", gae_lambda=0.9)
     advantages, returns = compute_advantages(batch, ppo, values)
     for tensor in (grpo, rpp, advantages, returns):
         assert tuple(tensor.shape) == shape and tensor.dtype == torch.float32
@@ -296,10 +297,15 @@ def test_compute_advantages_per_algorithm(folder, tmp_path):
         compute_advantages(batch, ppo)
 
 
-def test_params_from_config():
-    alg = AlgorithmConfig(name="reinforce_pp", kl_coef=0.01, use_kl_loss=False, clip_vloss=False)
-    params = LLMUpdateParams.from_config(alg)
-    assert (params.name, params.kl_coef, params.use_kl_loss, params.clip_vloss) == ("reinforce_pp", 0.01, False, None)
-    assert LLMUpdateParams.from_config(AlgorithmConfig(name="ppo")).clip_vloss == alg.clip_ratio_low
-    with pytest.raises(ValueError, match="not an LLM algorithm"):
-        LLMUpdateParams(name="sac")
+def test_the_update_reads_the_algorithm_section_as_it_is():
+    # What LLMUpdateParams.from_config derived is now a property of the section: the critic's value clip follows
+    # clip_vloss, the KL goes into the rewards or the loss; and a name the update has no estimator for is refused.
+    alg = ReasoningAlgorithmConfig(name="reinforce_pp", kl_coef=0.01, use_kl_loss=False, clip_vloss=False)
+    assert (alg.name, alg.kl_coef, alg.use_kl_loss, alg.value_clip) == ("reinforce_pp", 0.01, False, None)
+    assert alg.kl_in_reward and not alg.kl_in_loss
+    assert ReasoningAlgorithmConfig(name="ppo").value_clip == alg.clip_ratio_low
+    assert not replace(alg, name="grpo").kl_in_reward  # GRPO's KL is never in the rewards
+    with pytest.raises(ConfigError, match="algorithm.name = 'sac' is invalid: valid: grpo, ppo, reinforce_pp"):
+        ReasoningAlgorithmConfig(name="sac")
+    with pytest.raises(ConfigError, match="algorithm.group_size = 1 is invalid"):
+        ReasoningAlgorithmConfig(name="grpo", group_size=1)

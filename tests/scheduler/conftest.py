@@ -1,9 +1,10 @@
-"""Scheduler test fixtures: one embedded Ray shared by the whole session, because starting Ray takes seconds.
+"""Scheduler test fixtures: one embedded Ray shared by all scheduler tests, because starting Ray takes seconds.
 
 Tests take the `cluster` fixture (2 logical cpu devices) and terminate the groups they launch. Tests that need no
 Ray in this process (they start or attach to their own, or check what a start refuses) take `no_ray`, which shuts
 the shared cluster down; a later `cluster` user would start a new one, but `pytest_collection_modifyitems` runs
-those modules last, so the shared cluster starts once.
+those modules last, so the shared cluster starts once. It is package-scoped: shut down after the last scheduler test,
+so it never leaks into other tests that start a Ray of their own.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rlplace.scheduler import Cluster
 
 
 class SharedCluster:
-    """The session's cluster, started on first use and again after a `stop`."""
+    """The scheduler tests' cluster, started on first use and again after a `stop`."""
 
     def __init__(self) -> None:
         self._running: Cluster | None = None
@@ -35,7 +36,7 @@ class SharedCluster:
             self._running = None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def shared_cluster() -> Iterator[SharedCluster]:
     shared = SharedCluster()
     yield shared

@@ -248,8 +248,11 @@ def to_typed(cfg: DictConfig, schema: type[T], family: str) -> T:
                 f"{key} = {value!r}: a {family} run has no {key} section (valid sections: {', '.join(names)}); "
                 f"is a preset of the other task family selected?"
             )
+    # A section left null (`actor`, `env`: set only by placement presets) keeps the schema's defaults; merging the
+    # null would fail with "field 'env' is not Optional" instead of naming what is wrong.
+    present = [name for name in names if raw.get(name) is not None]
     try:
-        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.masked_copy(cfg, names)))
+        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.masked_copy(cfg, present)))
     except MissingMandatoryValue as err:
         raise ConfigError(f"{err.full_key} is missing: this option needs a value ({err.full_key}=...)") from err
     except InterpolationResolutionError as err:

@@ -50,7 +50,7 @@ TASK_KEY_FIELDS = (
     "eval_path",
 )
 """The task fields that define its problems; the others (e.g. prompts_per_step) do not change pretraining."""
-WARMUP_STEPS = 50
+LR_WARMUP_STEPS = 50
 """Linear learning-rate warmup: without it, AdamW's first large steps from a random init stall the loss for longer."""
 MAX_GRAD_NORM = 1.0
 
@@ -136,7 +136,7 @@ def fine_tune(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
     tokenizer = load_tokenizer(folder)
     model = load_causal_lm(folder)
     optimizer = torch.optim.AdamW(model.parameters(), lr=pre.lr)
-    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP_STEPS))
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / LR_WARMUP_STEPS))
     max_new_tokens = cfg.rollout.max_new_tokens
     start = time.monotonic()
 

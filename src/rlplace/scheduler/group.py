@@ -1,11 +1,10 @@
 """`WorkerGroup`: the driver's handle on the ranks of one component, and the explicit fan-out of method calls.
 
 `group.method(*args)` calls `method` on every rank and returns one `GroupFuture`; `group.execute_on(0, 2).method()`
-calls a subset. Names are resolved in `__getattr__`
-against the worker class's public methods, so a typo fails at the call site with the list of valid methods rather
-than inside a remote process. Launching checks the placements against the cluster before any actor starts, then
-pins one Ray actor per rank to its node; the actors ask Ray for no CPUs or GPUs, because sharing is decided by the
-placement, not by Ray's per-actor resource requests.
+calls a subset. Names are resolved in `__getattr__` against the worker class's public methods, so a typo fails at the
+call site with the list of valid methods rather than inside a remote process. Launching checks the placements against
+the cluster before any actor starts, then pins one Ray actor per rank to its node; the actors ask Ray for no CPUs or
+GPUs, because sharing is decided by the placement, not by Ray's per-actor resource requests.
 """
 
 from __future__ import annotations
