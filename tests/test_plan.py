@@ -96,7 +96,7 @@ def test_reasoning_options_on_an_embodied_task_are_refused_naming_the_section(
     compose_cfg, override: str, section: str
 ) -> None:
     with pytest.raises(
-        ConfigError, match=rf"^{section}: the chosen option .* is a reasoning-family option, .*cartpole"
+        ConfigError, match=rf"^{section}: the chosen option .* belongs to the reasoning family, .*cartpole"
     ):
         resolve(compose_cfg(override))
 

@@ -35,7 +35,8 @@ class Family:
     check: Callable[[Any, ComponentPlacement], None]
     """Checks that need the placement, run before any worker starts."""
     launcher: str
-    """Module with `train(plan, cluster, run_dir, logger, history)` and `summary(plan, final, run_dir)`."""
+    """Module with `train(cfg, cluster, run_dir, logger, history)`, `run_labels(cfg)` and
+    `summary(cfg, mode, final, run_dir)`."""
 
     def option_types(self) -> dict[str, type]:
         """Section -> the dataclass this family's options of that config group start from."""
@@ -83,8 +84,8 @@ def family_of(cfg: DictConfig) -> Family:
         if OmegaConf.get_type(cfg, section) is not expected:
             other = next(f.name for f in FAMILIES if OmegaConf.get_type(cfg, section) is f.option_types()[section])
             raise ConfigError(
-                f"{section}: the chosen option ({section}.{key} = {cfg[section][key]!r}) is a {other}-family option, but "
-                f"task.name = {cfg.task.name!r} is a {family.name}-family task (valid: "
+                f"{section}: the chosen option ({section}.{key} = {cfg[section][key]!r}) belongs to the {other} "
+                f"family, but task.name = {cfg.task.name!r} is of the {family.name} family (valid: "
                 f"{', '.join(f'{section}={name}' for name in options_of(section, family.name))})"
             )
     return family

@@ -131,6 +131,15 @@ def metrics(run_dir: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_pinned(rows: list[dict[str, float]]) -> None:
+    """The rows carry the pinned numbers, step by step."""
+    assert len(rows) == len(PINNED)
+    for step, (row, pinned) in enumerate(zip(rows, PINNED, strict=True)):
+        for key, expected in pinned.items():
+            tolerance = 1e-6 if key == "train/policy_loss" else 0.0
+            assert row[key] == pytest.approx(expected, rel=1e-5, abs=tolerance), (step, key)
+
+
 @pytest.fixture(scope="module")
 def hybrid_run(shared_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("hybrid")
@@ -173,14 +182,6 @@ def test_run_writes_metrics_timeline_and_checkpoints(hybrid_run: Path) -> None:
 @pytest.mark.slow
 def test_losses_match_the_single_process_reference(hybrid_run: Path) -> None:
     assert_pinned(metrics(hybrid_run))
-
-
-def assert_pinned(rows: list[dict[str, float]]) -> None:
-    assert len(rows) == len(PINNED)
-    for step, (row, pinned) in enumerate(zip(rows, PINNED, strict=True)):
-        for key, expected in pinned.items():
-            tolerance = 1e-6 if key == "train/policy_loss" else 0.0
-            assert row[key] == pytest.approx(expected, rel=1e-5, abs=tolerance), (step, key)
 
 
 def test_the_reference_still_gives_the_pinned_numbers(

@@ -224,13 +224,13 @@ ARITHMETIC_GROUPS = ["task=arithmetic", "model=tiny_lm", "placement=reasoning_co
         (
             [*ARITHMETIC_GROUPS, "algorithm=grpo", "rollout=policy"],
             ConfigError,
-            r"rollout: the chosen option \(rollout.backend = 'policy'\) is an? embodied-family option, but "
+            r"rollout: the chosen option \(rollout.backend = 'policy'\) belongs to the embodied family, but "
             r"task.name = 'arithmetic' is a reasoning-family task \(valid: rollout=hf, rollout=vllm\)",
         ),
         (
             [*ARITHMETIC_GROUPS, "algorithm=ppo", "rollout=hf"],
             ConfigError,
-            r"algorithm: the chosen option \(algorithm.name = 'ppo'\) is an? embodied-family option.*"
+            r"algorithm: the chosen option \(algorithm.name = 'ppo'\) belongs to the embodied family.*"
             r"valid: algorithm=grpo, algorithm=reasoning_ppo, algorithm=reinforce_pp",
         ),
         # Tensor parallelism is gone: its key no longer composes.

@@ -54,7 +54,7 @@ def build_tiny_lm(folder: str | Path, shape: TinyLMShape = TinyLMShape(), seed: 
         pad_token_id=SPECIAL_TOKENS.index(tokenizer.pad_token),
         bos_token_id=SPECIAL_TOKENS.index(tokenizer.bos_token),
         eos_token_id=SPECIAL_TOKENS.index(tokenizer.eos_token),
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
@@ -75,5 +75,5 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 
 def load_causal_lm(path: str | Path, device: torch.device | str = "cpu") -> PreTrainedModel:
     """The folder's causal LM in float32 on `device`, in eval mode (callers switch to train mode to train)."""
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.to(device).eval()
