@@ -27,9 +27,9 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The unit tests alone (no end-to-end training runs): under a minute.
+# The unit tests alone (no end-to-end training run, no Ray): under a minute.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not ray" $(PYTEST_ARGS)
 
 # The placement-mode sweep on the preset where simulation and policy inference cost about the same; writes the report.
 sweep: $(STAMP)

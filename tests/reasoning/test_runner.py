@@ -47,12 +47,14 @@ TINY = [
 RUNS = {
     # Every component on one device (of one core), taking turns: the actor and rollout offload while the others work.
     "collocated": ["experiment=arithmetic_grpo", "cluster.num_devices_per_node=1", "cluster.cpus_per_device=1"],
-    # Each stage on its own device, 8 micro-batches per step streaming through them (enough for the stages to
-    # overlap), routed over 2 actor ranks that average their gradients; generation with vLLM (hf without vLLM).
+    # Each stage on its own device, 16 micro-batches of 8-token responses per step streaming through them (enough
+    # for the stages to overlap even when generation is quick), routed over 2 actor ranks that average their
+    # gradients; generation with vLLM (hf without vLLM).
     "disaggregated": [
         "experiment=arithmetic_grpo_disagg",
-        "task.prompts_per_step=8",
+        "task.prompts_per_step=16",
         "rollout.micro_batch_prompts=1",
+        "rollout.max_new_tokens=8",
         "cluster.component_placement.actor=1:0-1",
         *(["rollout=vllm"] if VLLM else []),
     ],
@@ -170,7 +172,7 @@ def test_grpo_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: 
             "eval/accuracy",
         ):
             assert key in row, key
-        assert 0 <= row["rollout/reward"] <= 1 and 0 < row["rollout/response_length"] <= 4
+        assert 0 <= row["rollout/reward"] <= 1 and 0 < row["rollout/response_length"] <= 8
     spans = [
         {
             "name": e["name"],
@@ -225,7 +227,7 @@ ARITHMETIC_GROUPS = ["task=arithmetic", "model=tiny_lm", "placement=reasoning_co
             [*ARITHMETIC_GROUPS, "algorithm=grpo", "rollout=policy"],
             ConfigError,
             r"rollout: the chosen option \(rollout.backend = 'policy'\) belongs to the embodied family, but "
-            r"task.name = 'arithmetic' is a reasoning-family task \(valid: rollout=hf, rollout=vllm\)",
+            r"task.name = 'arithmetic' is of the reasoning family \(valid: rollout=hf, rollout=vllm\)",
         ),
         (
             [*ARITHMETIC_GROUPS, "algorithm=ppo", "rollout=hf"],

@@ -57,12 +57,15 @@ def no_ray(shared_cluster: SharedCluster) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Move the scheduler modules whose tests take `no_ray` after the others, keeping each module's tests together.
+    """Mark every scheduler test `ray` (`make test-fast` leaves them out), and move the modules whose tests take
+    `no_ray` after the others, keeping each module's tests together.
 
     The hook sees the whole session's items; only those under this folder change places, among themselves.
     """
     here = Path(__file__).parent
     positions = [i for i, item in enumerate(items) if here in item.path.parents]
+    for i in positions:
+        items[i].add_marker(pytest.mark.ray)
     needs_no_ray = {items[i].path for i in positions if "no_ray" in items[i].fixturenames}
     ordered = sorted((items[i] for i in positions), key=lambda item: item.path in needs_no_ray)
     for i, item in zip(positions, ordered, strict=True):
