@@ -14,7 +14,7 @@ from typing import Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlplace.core.config import RunConfig, options_of, to_typed
+from rlplace.core.config import RunConfig, options_of, register_schema, to_typed
 from rlplace.core.config import register as register_core
 from rlplace.core.errors import ConfigError
 from rlplace.embodied import checks as embodied_checks
@@ -64,10 +64,12 @@ class Plan:
 
 
 def register() -> None:
-    """Register the primary schema and every family's option schemas with Hydra (idempotent)."""
+    """Register the primary schema and every family's option schemas with Hydra (idempotent): option files of group
+    `task` start from `/schema/task/<family>`, and so on."""
     register_core()
-    embodied_config.register()
-    reasoning_config.register()
+    for family in FAMILIES:
+        for section, node in family.option_types().items():
+            register_schema(section, family.name, node)
 
 
 def family_of(cfg: DictConfig) -> Family:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig, register_schema
+from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
 
 FAMILY = "embodied"
@@ -108,13 +108,3 @@ class EmbodiedConfig(RunConfig):
     env: ComponentConfig = field(default_factory=ComponentConfig)
     """Simulators hold no device memory on CPU; their offload is a recorded no-op that keeps the phase visible."""
 
-
-def register() -> None:
-    """The option schemas of this family, for `conf/<group>/<option>.yaml` to start from."""
-    for group, node in (
-        ("task", EmbodiedTaskConfig),
-        ("model", PolicyConfig),
-        ("algorithm", PPOConfig),
-        ("rollout", PolicyRolloutConfig),
-    ):
-        register_schema(group, FAMILY, node)

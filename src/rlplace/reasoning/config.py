@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig, register_schema
+from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
 
 FAMILY = "reasoning"
@@ -170,13 +170,3 @@ class ReasoningConfig(RunConfig):
     rollout: GenerationConfig = field(default_factory=GenerationConfig)
     actor: ComponentConfig = field(default_factory=ComponentConfig)
 
-
-def register() -> None:
-    """The option schemas of this family, for `conf/<group>/<option>.yaml` to start from."""
-    for group, node in (
-        ("task", ReasoningTaskConfig),
-        ("model", LMConfig),
-        ("algorithm", ReasoningAlgorithmConfig),
-        ("rollout", GenerationConfig),
-    ):
-        register_schema(group, FAMILY, node)
