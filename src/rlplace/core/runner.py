@@ -1,7 +1,7 @@
 """What both runners share: the phase switch plan, channels opened for a run, and the per-step timeline.
 
 A step is a fixed sequence of phases, each with the components that hold device memory in it. When components
-share devices, the idle ones make room: `SwitchPlan` decides once, from the placement and each component's
+share devices, the idle ones make room: `switch_plan` decides once, from the placement and each component's
 `enable_offload`, which groups to offload and onload before each phase, so the runner's phase methods do only their
 phase. `open_channels` creates the queues of a run and closes them after; the runner passes them to the worker
 methods that use them, so who talks to whom reads off the runner's calls.
