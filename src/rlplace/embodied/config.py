@@ -107,4 +107,3 @@ class EmbodiedConfig(RunConfig):
     actor: ComponentConfig = field(default_factory=ComponentConfig)
     env: ComponentConfig = field(default_factory=ComponentConfig)
     """Simulators hold no device memory on CPU; their offload is a recorded no-op that keeps the phase visible."""
-

@@ -169,4 +169,3 @@ class ReasoningConfig(RunConfig):
     algorithm: ReasoningAlgorithmConfig = field(default_factory=ReasoningAlgorithmConfig)
     rollout: GenerationConfig = field(default_factory=GenerationConfig)
     actor: ComponentConfig = field(default_factory=ComponentConfig)
-
