@@ -29,6 +29,8 @@ OPTION_SECTIONS = {"task": "name", "model": "name", "algorithm": "name", "rollou
 
 @dataclass(frozen=True)
 class Family:
+    """One task family: its run schema, its checks that need the placement, and the module that launches it."""
+
     name: str
     schema: type[RunConfig]
     """The whole run's dataclass (EmbodiedConfig, ReasoningConfig)."""
