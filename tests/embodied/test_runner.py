@@ -210,6 +210,24 @@ def test_placement_changes_speed_never_results(hybrid_run: Path, collocated_run:
 
 
 @pytest.mark.slow
+def test_the_return_window_and_the_stop_step_do_not_depend_on_placement(shared_ray: None, tmp_path: Path) -> None:
+    # The default presets on cluster=local: hybrid runs 1 env process, collocated 2, so finished episodes arrive split
+    # differently over env ranks (32 CartPole envs finish about 45 episodes a step). The 20-episode window that decides
+    # when the task is solved must not see that. When episodes were joined env rank by env rank, collocated gave the
+    # windows 21.3, 20.7, 27.25 here, hybrid 22.25, 22.85, 28.6 (and with solved_return 22 hybrid stopped 2 steps
+    # earlier).
+    windows = {}
+    for preset in ("hybrid", "collocated"):
+        run_dir = tmp_path / preset
+        run_dir.mkdir()
+        overrides = [f"placement={preset}", "task.solved_return=24", "runner.seed=3", "algorithm.update_epochs=4"]
+        train(resolve(compose_run([*overrides, "runner.max_steps=6", "logger=jsonl"])), run_dir, resolved_config={})
+        windows[preset] = [row["env/return_last20"] for row in metrics(run_dir)]
+    assert windows["hybrid"] == windows["collocated"]
+    assert len(windows["hybrid"]) == 3  # the third window reaches 24: solved, stopped in both
+
+
+@pytest.mark.slow
 def test_env_and_rollout_pipeline_across_devices(hybrid_run: Path) -> None:
     trace = json.loads((hybrid_run / "timeline.json").read_text())
     spans = [

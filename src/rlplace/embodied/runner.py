@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from rlplace.core import checkpoint
 from rlplace.core.runner import PhaseSwitcher, collect_spans, open_channels, placement_timeline
 from rlplace.embodied.config import COMPONENTS, EmbodiedConfig
-from rlplace.embodied.envs import EpisodeStats
+from rlplace.embodied.envs import EpisodeStats, merge_episode_stats
 from rlplace.metrics import MetricLogger, PhaseTimer, TrainingProgress, throughput_metrics
 from rlplace.placement import ComponentPlacement
 from rlplace.scheduler import Channel, WorkerGroup, wait_all
@@ -174,8 +174,10 @@ class EmbodiedRunner:
         metrics.update(throughput_metrics(metrics["time/step"], self.placement.num_devices, env_steps=env_steps))
         metrics.update(self.timeline.utilization(t0, t1))
         metrics.update(train)
-        returns = [r for part in episodes for r in part.returns]
-        lengths = [n for part in episodes for n in part.lengths]
+        # One order for every placement: episodes by (env step they ended on, global env index), not env rank by env
+        # rank, so the return_last20 window (the stopping criterion) holds the same episodes however envs are split.
+        finished = merge_episode_stats(episodes)
+        returns, lengths = finished.returns, finished.lengths
         self.recent_returns.extend(returns)
         self.total_env_steps += env_steps
         if returns:
