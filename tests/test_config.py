@@ -144,6 +144,9 @@ def test_wrong_type_or_unknown_key_is_refused_while_composing(compose_cfg, overr
         ("rollout.pipeline_stage_num=0", r"rollout.pipeline_stage_num = 0"),
         ("logger.wandb.mode=sometimes", r"logger.wandb.mode = 'sometimes'"),
         ("plan.format=xml", r"plan.format = 'xml'"),
+        ("runner.max_steps=0", r"runner.max_steps = 0 is invalid: at least 1"),
+        ("runner.save_interval=-1", r"runner.save_interval = -1 is invalid"),
+        ("runner.eval_interval=0", r"runner.eval_interval = 0 is invalid: at least 1"),
     ],
 )
 def test_meaningless_values_are_refused_with_key_and_value(compose_cfg, override: str, message: str) -> None:

@@ -140,6 +140,11 @@ class RunnerConfig:
     """Reasoning tasks: steps between greedy evaluations on the held-out split (also before the first step and
     after the last)."""
 
+    def __post_init__(self) -> None:
+        check(self.max_steps >= 1, "runner.max_steps", self.max_steps, "at least 1 (a run with no step trains nothing)")
+        check(self.save_interval >= 0, "runner.save_interval", self.save_interval, "0 (only at the end) or more")
+        check(self.eval_interval >= 1, "runner.eval_interval", self.eval_interval, "at least 1")
+
 
 @dataclass
 class WandbConfig:
