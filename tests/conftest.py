@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -18,6 +19,16 @@ CONF_DIR = ROOT / "conf"
 def group_options(group: str) -> list[str]:
     """Every option of a config group, by file name."""
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models and tensors: one thread is as fast, and on a busy 2-core machine threads spinning for a core that
+    another process holds can make a 10 ms update take seconds. Worker processes set their own threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -19,7 +19,9 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from rlplace.core.config import CONF_DIR
-from rlplace.families import register
+from rlplace.core.errors import ConfigError
+from rlplace.families import Plan, register, resolve
+from rlplace.placement import PlacementError
 
 EXIT_BAD_CONFIG = 2
 
@@ -49,24 +51,28 @@ def compose_run(overrides: list[str]) -> DictConfig:
         fail(describe_compose_error(err))
 
 
+def resolve_or_fail(cfg: DictConfig) -> Plan:
+    """`resolve`, with a refused config or placement reported as one line and exit code 2."""
+    try:
+        return resolve(cfg)
+    except (ConfigError, PlacementError) as err:
+        fail(str(err))
+
+
 def pretrain_main(argv: list[str] | None = None) -> None:
     """`rlplace-pretrain`: make (or find) the pretrained model of the run that the same overrides describe."""
-    import torch
+    import torch  # imported here, as is the pretraining code: plan and train need neither torch nor transformers
 
-    from rlplace.core.errors import ConfigError
-    from rlplace.families import resolve
-    from rlplace.placement import PlacementError
     from rlplace.reasoning.pretrain import STATS_FILE, pretrained_model_path
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    cfg = compose_run(sys.argv[1:] if argv is None else argv)
+    plan = resolve_or_fail(compose_run(sys.argv[1:] if argv is None else argv))
+    if plan.family.name != "reasoning":
+        fail(f"task.name = {plan.cfg.task.name!r}: rlplace-pretrain pretrains the LM of a reasoning task")
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
     try:
-        plan = resolve(cfg)
-        if plan.family.name != "reasoning":
-            fail(f"task.name = {plan.cfg.task.name!r}: rlplace-pretrain pretrains the LM of a reasoning task")
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
         folder = pretrained_model_path(plan.cfg)
-    except (ConfigError, PlacementError) as err:
+    except ConfigError as err:
         fail(str(err))
     stats_file = folder / STATS_FILE
     accuracy = json.loads(stats_file.read_text())["accuracy_after"] if stats_file.is_file() else None

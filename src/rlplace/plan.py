@@ -13,10 +13,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from rlplace.cli import compose_run, fail
-from rlplace.core.errors import ConfigError
-from rlplace.families import Plan, resolve
-from rlplace.placement import PlacementError
+from rlplace.cli import compose_run, resolve_or_fail
+from rlplace.families import Plan
 
 
 def render_table(plan: Plan, console: Console) -> None:
@@ -47,12 +45,7 @@ def print_plan(plan: Plan) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = compose_run(sys.argv[1:] if argv is None else argv)
-    try:
-        plan = resolve(cfg)
-    except (ConfigError, PlacementError) as err:
-        fail(str(err))
-    print_plan(plan)
+    print_plan(resolve_or_fail(compose_run(sys.argv[1:] if argv is None else argv)))
 
 
 if __name__ == "__main__":

@@ -42,14 +42,11 @@ def _train(folder: Path, seed: int, answer) -> Path:
     ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small matrices: one thread is about as fast, and robust on a busy 2-core machine
     for _ in range(80):
         loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    torch.set_num_threads(threads)
     model.save_pretrained(path)
     return path
 

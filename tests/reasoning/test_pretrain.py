@@ -7,7 +7,6 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,15 +35,9 @@ def tiny_cfg(**pretrain: object) -> ReasoningConfig:
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ReasoningConfig, Path, Path]]:
-    # One thread: as fast for this model, and on a busy 2-core machine two OpenMP threads can take ten times longer.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[ReasoningConfig, Path, Path]:
     cfg, cache_root = tiny_cfg(), tmp_path_factory.mktemp("pretrained")
-    try:
-        yield cfg, cache_root, pretrained_model_path(cfg, cache_root)
-    finally:
-        torch.set_num_threads(threads)
+    return cfg, cache_root, pretrained_model_path(cfg, cache_root)
 
 
 def test_pretrain_writes_a_loadable_folder_and_its_stats(pretrained: tuple[ReasoningConfig, Path, Path]) -> None:

@@ -19,8 +19,6 @@ from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_ca
 from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.update import compute_advantages, llm_update
 
-torch.set_num_threads(1)  # tiny model: one thread is as fast, and never contends with a busy machine
-
 GROUP = 4
 PROMPTS = ["1+2=", "10+20="]
 RESPONSES = ["3", "41", "5", "62", "30", "1", "70", "8"]

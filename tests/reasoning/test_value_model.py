@@ -10,8 +10,6 @@ from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
 
-torch.set_num_threads(1)  # tiny model: one thread is as fast, and never contends with a busy machine
-
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
