@@ -25,7 +25,7 @@ run: $(STAMP)
 	$(VENV)/bin/rlplace-train $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	PYTHONFAULTHANDLER=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The unit tests alone (no end-to-end training run, no Ray): under a minute.
 test-fast: $(STAMP)

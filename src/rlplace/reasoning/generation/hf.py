@@ -104,3 +104,6 @@ class HFEngine:
         """On a GPU, move the weights back; no-op on CPU."""
         if self.device.type == "cuda":
             self.model.to(self.device)
+
+    def close(self) -> None:
+        """Nothing to release: the model is an ordinary module, freed with the engine."""

@@ -127,3 +127,11 @@ class VLLMEngine:
         """On a GPU, bring weights and KV cache back; no-op on CPU."""
         if self.on_gpu:
             self.llm.wake_up()
+
+    def close(self) -> None:
+        """Shut the in-process engine core down now, while torch is whole.
+
+        Left to vLLM's exit-time finalizer, the shutdown runs during interpreter teardown and can crash the process
+        (a segmentation fault after the last test had passed).
+        """
+        self.llm.llm_engine.engine_core.shutdown()
