@@ -11,9 +11,11 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
@@ -40,15 +42,53 @@ def describe_compose_error(err: Exception) -> str:
     return ": ".join(parts)
 
 
-def compose_run(overrides: list[str]) -> DictConfig:
-    """The run config that `rlplace-train` would compose from `overrides`, without Hydra's run folder or logging;
-    composition errors exit 2 with one line."""
+def compose_run(overrides: list[str], with_hydra: bool = False) -> DictConfig:
+    """The run config that `rlplace-train` would compose from `overrides` (with Hydra's own section if asked),
+    without creating a run folder or logging; composition errors exit 2 with one line."""
     register()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name="train", overrides=overrides)
+            return compose(config_name="train", overrides=overrides, return_hydra_config=with_hydra)
     except (HydraException, OmegaConfBaseException) as err:
         fail(describe_compose_error(err))
+
+
+def check_writable(key: str, folder: str) -> None:
+    """Refuse an output folder that cannot be created or written (its nearest existing parent decides)."""
+    path = Path(folder).absolute()
+    existing = next(parent for parent in (path, *path.parents) if parent.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not a folder" if not existing.is_dir() else "is not writable"
+        fail(f"{key} = {folder!r}: cannot write the run's outputs there ({existing} {what})")
+
+
+HYDRA_ANSWERS = frozenset(
+    "-h --help --hydra-help -c --cfg -i --info -p --package -sc --shell-completion --version "
+    "-cp --config-path -cn --config-name -cd --config-dir".split()
+)
+"""Flags after which Hydra answers a question or reads another config tree: no run to check up front."""
+
+
+def check_overrides(argv: list[str]) -> None:
+    """Compose what `rlplace-train` was given before Hydra does, so that a composition error (an unknown option,
+    key or value type) exits 2 with one line instead of Hydra's exit 1 and its multi-line report.
+
+    A multirun's sweeps are checked value by value, each with the other overrides' fixed values.
+    """
+    if any(arg.split("=")[0] in HYDRA_ANSWERS for arg in argv):
+        return
+    try:
+        parsed = OverridesParser.create().parse_overrides([arg for arg in argv if not arg.startswith("-")])
+    except HydraException as err:
+        fail(describe_compose_error(err))
+    fixed = [override.input_line for override in parsed if not override.is_sweep_override()]
+    sweeps = [override for override in parsed if override.is_sweep_override()]
+    for override in sweeps:
+        for value in override.sweep_string_iterator():
+            compose_run([*fixed, f"{override.get_key_element()}={value}"])
+    hydra = compose_run(fixed, with_hydra=True).hydra
+    multirun = any(arg in ("-m", "--multirun") for arg in argv)
+    check_writable(*(("hydra.sweep.dir", hydra.sweep.dir) if multirun else ("hydra.run.dir", hydra.run.dir)))
 
 
 def resolve_or_fail(cfg: DictConfig) -> Plan:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlplace.core import checkpoint
 from rlplace.core.config import RunConfig, options_of, register_schema, to_typed
 from rlplace.core.config import register as register_core
 from rlplace.core.errors import ConfigError
@@ -101,4 +103,6 @@ def resolve(cfg: DictConfig) -> Plan:
     typed = to_typed(cfg, family.schema, family.name)
     placement = HybridComponentPlacement(typed)
     family.check(typed, placement)
+    if typed.runner.resume not in (None, *checkpoint.RESUME_AUTO):  # `auto` needs the run folder: `train` checks it
+        checkpoint.resolve_resume(typed.runner.resume, Path())
     return Plan(family, typed, placement)

@@ -8,6 +8,8 @@ accuracy for reasoning runs) for Hydra's sweepers.
 from __future__ import annotations
 
 import json
+import signal
+import sys
 from pathlib import Path
 
 import hydra
@@ -15,13 +17,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rlplace.cli import fail
+from rlplace.cli import check_overrides, fail
+from rlplace.core import checkpoint, preemption
 from rlplace.core.config import CONF_DIR
 from rlplace.core.errors import ConfigError
 from rlplace.families import Plan, register, resolve
 from rlplace.metrics import build_logger, summarize
-from rlplace.placement import PlacementError
-from rlplace.scheduler import Cluster
+from rlplace.placement import ComponentPlacement, PlacementError
+from rlplace.scheduler import Cluster, ClusterError
 
 register()
 
@@ -30,51 +33,87 @@ RUN_INFO = "run.json"
 
 
 def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
-    """Start the cluster and run the family's launcher; log every step and a summary."""
+    """Check the checkpoint to resume, start the cluster, then the logger, and run the family's launcher.
+
+    Raises ConfigError for a checkpoint that cannot resume this run and ClusterError for a cluster that cannot hold
+    it, both before any worker starts. SIGTERM or Ctrl-C during the run end it after the current step, with a
+    checkpoint (`preemption`).
+    """
     cfg, mode, launcher = plan.cfg, plan.placement.mode, plan.launcher
+    resume = checkpoint.resolve_resume(cfg.runner.resume, run_dir / checkpoint.FOLDER)
+    if resume is not None:
+        launcher.check_checkpoint(cfg, resume)
+    cfg.runner.resume = None if resume is None else str(resume)  # `auto` resolved once, here, for every worker
     labels = launcher.run_labels(cfg)
     tags = [f"{key}{value}" for key, value in labels.items()]
-    wandb = cfg.logger.wandb
-    logger = build_logger(
-        cfg.logger.backend,
-        run_dir,
-        config=resolved_config,
-        project=wandb.project,
-        name="-".join([mode, *tags, run_dir.name]),
-        group=wandb.group,
-        tags=[*wandb.tags, plan.family.name, mode, *tags],
-        mode=wandb.mode,
-    )
     history: list[dict[str, float]] = []
-    run_info = {"mode": mode, "num_devices": plan.placement.num_devices, **labels}
-    (run_dir / RUN_INFO).write_text(json.dumps(run_info))
-    try:
-        with Cluster(cfg.cluster) as cluster:
+    load = _processes_per_node(plan.placement)
+    with Cluster(cfg.cluster, call_timeout_s=cfg.runner.hang_timeout_s, load=load) as cluster, preemption.handled():
+        (run_dir / RUN_INFO).write_text(json.dumps({"mode": mode, "num_devices": plan.placement.num_devices, **labels}))
+        wandb = cfg.logger.wandb
+        logger = build_logger(
+            cfg.logger.backend,
+            run_dir,
+            config=resolved_config,
+            project=wandb.project,
+            name="-".join([mode, *tags, run_dir.name]),
+            group=wandb.group,
+            tags=[*wandb.tags, plan.family.name, mode, *tags],
+            mode=wandb.mode,
+            start_step=0 if resume is None else checkpoint.step_of(resume),
+        )
+        try:
             final = launcher.train(cfg, cluster, run_dir, logger, history)
-        summary = summarize(history)
-        logger.log_summary({**summary, **{k: v for k, v in final.items() if k.startswith(("final/", "eval/"))}})
-    finally:
-        logger.close()
+            summary = summarize(history)
+            logger.log_summary({**summary, **{k: v for k, v in final.items() if k.startswith(("final/", "eval/"))}})
+        finally:
+            logger.close()
     return final
 
 
+def _processes_per_node(placement: ComponentPlacement) -> list[int]:
+    counts = [0] * placement.num_nodes
+    for name in placement:
+        for process in placement.get_placements(name):
+            counts[process.node_rank] += 1
+    return counts
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def run(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         plan = resolve(cfg)
-    except (ConfigError, PlacementError) as err:
+        final = train(plan, run_dir, OmegaConf.to_container(cfg, resolve=True))
+    except (ConfigError, PlacementError, ClusterError) as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             # One combination of a sweep that this cluster cannot hold: skip it, keep sweeping.
             print(f"rlplace: skipping job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}): {err}")
             (run_dir / "skipped.txt").write_text(f"{err}\n")
             return None
         fail(str(err))
-    final = train(plan, run_dir, OmegaConf.to_container(cfg, resolve=True))
     line, objective = plan.launcher.summary(plan.cfg, plan.placement.mode, final, run_dir)
     print(line)
+    stopped_by = preemption.received()
+    if stopped_by is not None:
+        print(
+            f"rlplace: stopped by {signal.Signals(stopped_by).name} after a checkpoint; to continue, run the same "
+            f"command with runner.resume=auto hydra.run.dir={run_dir}"
+        )
+        sys.exit(128 + stopped_by)
     return objective
+
+
+def main() -> None:
+    """`rlplace-train`: the overrides are checked first (bad ones exit 2 with one line), then Hydra runs the job(s).
+    A Ctrl-C that got past the first one (which stops after the step, see `preemption`) ends with one line too."""
+    check_overrides(sys.argv[1:])
+    try:
+        run()
+    except KeyboardInterrupt:
+        print("rlplace: aborted by Ctrl-C; the newest checkpoint is the one to resume from", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

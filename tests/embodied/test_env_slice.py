@@ -29,6 +29,32 @@ def test_two_slices_equal_one_slice_step_by_step() -> None:
     assert len(merged.returns) > 8  # episodes ended (and auto-reset) along the way
 
 
+def test_states_taken_from_one_split_continue_in_another() -> None:
+    # Mid-episode states of slices [0, 4) and [4, 8), taken back by slices [0, 2) and [2, 8) (as a checkpoint written
+    # by two env processes is resumed by a different split), continue exactly like the slice that was never split.
+    whole = EnvSlice("cartpole", 0, 8, seed=5)
+    parts = [EnvSlice("cartpole", 0, 4, seed=5), EnvSlice("cartpole", 4, 8, seed=5)]
+    for envs in (whole, *parts):
+        envs.reset()
+        for step in range(30):
+            envs.step(_actions(step, envs.global_indices))
+        envs.pop_episode_stats()
+    states = parts[0].states() + parts[1].states()
+    resumed = [EnvSlice("cartpole", 0, 2, seed=5), EnvSlice("cartpole", 2, 8, seed=5)]
+    for envs in resumed:
+        envs.reset()
+        envs.restore(states[envs.start : envs.end])
+    for step in range(30, 150):
+        expected = whole.step(_actions(step, whole.global_indices))
+        got = [envs.step(_actions(step, envs.global_indices)) for envs in resumed]
+        for i, name in enumerate(FIELDS):
+            np.testing.assert_array_equal(expected[i], np.concatenate([g[i] for g in got]), err_msg=name)
+    merged = merge_episode_stats([envs.pop_episode_stats() for envs in resumed])
+    assert merged == whole.pop_episode_stats()
+    # Some episodes ran across the resume: their returns and lengths began before it.
+    assert any(length > end - 30 for length, end in zip(merged.lengths, merged.end_steps, strict=True))
+
+
 def test_seeds_follow_global_index() -> None:
     # Sub-env 5 of a slice [4, 8) seeded 3 starts where a lone env seeded 3 + 5 starts.
     lone = make_env("cartpole")

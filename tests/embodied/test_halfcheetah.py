@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -28,3 +30,22 @@ def test_steps_and_clips_actions() -> None:
         for x, y in zip(a, b, strict=True):
             np.testing.assert_array_equal(x, y)
     assert np.isfinite(a[0]).all() and a[1].dtype == np.float32
+
+
+def test_a_pickled_state_continues_exactly() -> None:
+    # MuJoCo envs pickle as their constructor arguments only, so a checkpoint's state carries the physics and the
+    # reset RNG itself. Auto-resets after the restore (every 10 steps) draw their start from that RNG.
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-1.0, 1.0, (40, 2, 6)).astype(np.float32)
+    whole = EnvSlice("halfcheetah", 0, 2, seed=0, max_episode_steps=10)
+    whole.reset()
+    for t in range(15):
+        whole.step(actions[t])
+    whole.pop_episode_stats()
+    restored = EnvSlice("halfcheetah", 0, 2, seed=0, max_episode_steps=10)
+    restored.reset()
+    restored.restore(pickle.loads(pickle.dumps(whole.states())))  # as a checkpoint stores and loads them
+    for t in range(15, 40):
+        for x, y in zip(whole.step(actions[t]), restored.step(actions[t]), strict=True):
+            np.testing.assert_array_equal(x, y)
+    assert whole.pop_episode_stats() == restored.pop_episode_stats()

@@ -22,6 +22,7 @@ import ray
 from rlplace.cli import compose_run
 from rlplace.core.config import ClusterConfig
 from rlplace.core.errors import ConfigError
+from rlplace.embodied.launch import check_checkpoint
 from rlplace.families import resolve
 from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError
@@ -247,13 +248,31 @@ def test_env_and_rollout_pipeline_across_devices(hybrid_run: Path) -> None:
     assert timeline.overlap("env", "rollout", 0.0, end) > 0
 
 
+# Resuming hybrid_run's checkpoint with one env process instead of two: its sub-envs are stored by global index, so
+# any split takes them back. Four stages keep one env per stream as in hybrid_run, so the rollout infers on batches of
+# the same shape and the numbers match to the bit (with two envs per stream the MLP's batched matmul rounds
+# differently: the policy loss moves by 1e-8).
+ONE_ENV_PROCESS = [*HYBRID[:2], "cluster.component_placement.env=0", *HYBRID[3:], "rollout.pipeline_stage_num=4"]
+
+
 @pytest.mark.slow
-def test_resume_continues_exactly(hybrid_run: Path, tmp_path: Path) -> None:
-    resumed = run(tmp_path, *HYBRID, f"runner.resume={hybrid_run / 'checkpoints' / 'step_000001'}")
+@pytest.mark.parametrize("placement", [HYBRID, ONE_ENV_PROCESS], ids=["same_placement", "one_env_process"])
+def test_resume_continues_exactly(hybrid_run: Path, tmp_path: Path, placement: list[str]) -> None:
+    resumed = run(tmp_path, *placement, f"runner.resume={hybrid_run / 'checkpoints' / 'step_000001'}")
     full = metrics(hybrid_run)
     assert [row["step"] for row in resumed] == [1]
     for key in (*COMPARED, "env/total_steps", "train/lr"):
         assert resumed[0][key] == full[1][key], key
+
+
+@pytest.mark.slow
+def test_a_checkpoint_refuses_another_number_of_envs(compose_cfg, hybrid_run: Path) -> None:
+    folder = hybrid_run / "checkpoints" / "step_000001"
+    check_checkpoint(resolve(compose_cfg(*TINY, *ONE_ENV_PROCESS)).cfg, folder)  # another placement: accepted
+    with pytest.raises(ConfigError, match="written with task.total_num_envs = 4, this run has 8") as refused:
+        check_checkpoint(resolve(compose_cfg(*TINY, "task.total_num_envs=8")).cfg, folder)
+    assert str(refused.value).startswith(f"runner.resume = {str(folder)!r}")
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize(

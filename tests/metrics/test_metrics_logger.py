@@ -28,6 +28,19 @@ def test_jsonl_logger_writes_one_flushed_line_per_step(tmp_path) -> None:
         JsonlLogger(path).log({"env/success": "yes"}, step=2)
 
 
+def test_jsonl_logger_of_a_resumed_run_drops_the_rows_written_after_its_checkpoint(tmp_path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    first = JsonlLogger(path)
+    for step in range(5):  # the first attempt got to step 4; its newest checkpoint is of step 3
+        first.log({"train/loss": step}, step)
+    first.close()
+    resumed = JsonlLogger(path, start_step=3)
+    for step in range(3, 6):
+        resumed.log({"train/loss": 10 + step}, step)
+    resumed.close()
+    assert read_jsonl(path) == [{"step": s, "train/loss": float(s if s < 3 else 10 + s)} for s in range(6)]
+
+
 def test_wandb_logger_offline_writes_a_local_run(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
@@ -49,6 +62,19 @@ def test_wandb_logger_offline_writes_a_local_run(tmp_path, monkeypatch) -> None:
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     assert list(runs[0].glob("*.wandb"))
+
+
+def test_every_start_in_a_run_folder_continues_one_wandb_run(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    ids = []
+    for _ in range(2):  # a run, then its resumption in the same folder
+        logger = build_logger("wandb", tmp_path, config={}, project="rlplace-test")
+        ids.append(logger.loggers[1].run.id)
+        logger.close()
+    assert ids[0] == ids[1] == (tmp_path / "wandb_id.txt").read_text()
+    offline_runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 2 and all(ids[0] in p.name for p in offline_runs)  # `wandb sync` joins them
 
 
 def test_build_logger_always_writes_jsonl(tmp_path) -> None:

@@ -23,7 +23,7 @@ def test_more_devices_than_cores_wrap_round_robin() -> None:
 
 def test_explicit_cores_per_device_must_fit_the_node() -> None:
     assert split_cores([0, 1, 2, 3], num_devices=2, cpus_per_device=1) == [(0,), (1,)]
-    with pytest.raises(ClusterError, match=r"cpus_per_device=3 x 2 devices needs 6 cores, but a node has 4"):
+    with pytest.raises(ClusterError, match=r"cpus_per_device = 3: 2 devices x 3 need 6 cores, but a node has 4"):
         split_cores([0, 1, 2, 3], num_devices=2, cpus_per_device=3)
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlplace.placement import Placement, PlacementStrategy
-from rlplace.scheduler import Cluster, Worker, WorkerError, WorkerGroup, timer, wait_all
+from rlplace.scheduler import Cluster, Worker, WorkerError, WorkerGroup, WorkerTimeout, timer, wait_all
 from tests.scheduler.helpers import on_devices
 
 ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -137,9 +137,22 @@ def test_wait_returns_results_in_rank_order_and_done_polls(probe: WorkerGroup) -
 
 def test_wait_times_out_without_losing_results(probe: WorkerGroup) -> None:
     future = probe.sleep(1.0)
-    with pytest.raises(TimeoutError, match=r"group 'probe': sleep\(\) not finished"):
+    with pytest.raises(TimeoutError, match=r"group 'probe' rank 0: sleep\(\) did not finish within 0.1 s"):
         future.wait(timeout=0.1)
     assert future.wait(timeout=30) == [0, 1, 2]
+
+
+def test_calls_waited_without_a_timeout_keep_the_groups_hang_deadline(probe: WorkerGroup) -> None:
+    probe.call_timeout_s = 0.2
+    try:
+        with pytest.raises(WorkerTimeout, match=r"group 'probe' rank 0: sleep\(\) did not finish within 0.2 s \(hung"):
+            (slow := probe.sleep(1.0)).wait()
+        assert slow.wait(timeout=30) == [0, 1, 2]  # the deadline reports the call; the call itself goes on
+        with pytest.raises(WorkerTimeout, match=r"group 'probe' rank 1: sleep\(\) did not finish within 0.2 s"):
+            wait_all(probe.execute_on(0).echo("fast"), probe.execute_on(1).sleep(1.0))
+    finally:
+        probe.call_timeout_s = None
+    assert probe.sleep(0.3).wait() == [0, 1, 2]
 
 
 def test_execute_on_calls_a_subset_in_the_order_given(probe: WorkerGroup) -> None:

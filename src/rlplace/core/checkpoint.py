@@ -1,20 +1,33 @@
-"""Checkpoint folders, written atomically and found again for `runner.resume`.
+"""Checkpoint folders: written atomically, carrying a manifest, verified and found again for `runner.resume`.
 
-A checkpoint is a folder `checkpoints/step_<k>` holding one file per writer (the driver's runner state, actor rank 0's
-weights and optimizer, each env rank's simulators). Writers fill `step_<k>.tmp`; only when all are done does the
-driver rename it, so a run killed mid-save leaves the previous checkpoint as the newest complete one.
+A checkpoint is a folder `checkpoints/step_<k>` holding one file per writer (the driver's runner state, the actor's
+weights and optimizer, the simulators' state). Writers fill `step_<k>.tmp`; when all are done the driver writes
+`manifest.json` (each file's size and SHA-256) and renames the folder, so a run killed mid-save leaves the previous
+checkpoint as the newest complete one. Before anything starts, a resume checks every file against the manifest: a
+truncated or corrupted file is refused by name instead of failing half-way through loading.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rlplace.core.errors import ConfigError
 
 _COMPLETE = re.compile(r"^step_(\d+)$")
+FOLDER = "checkpoints"
+"""Where a run keeps its checkpoints, inside its run folder."""
+STATE_FILE = "runner.json"
+"""The driver's part of a checkpoint: the family, the step, the loop's counters, and the run's `identity`."""
+MANIFEST = "manifest.json"
+RESUME_AUTO = ("auto", "auto_or_new")
+RESUME_CHOICES = "null (start fresh), auto (the newest checkpoint; error if none), auto_or_new, or a checkpoint path"
 
 
 def staging_dir(root: Path, step: int) -> Path:
@@ -26,12 +39,54 @@ def staging_dir(root: Path, step: int) -> Path:
 
 
 def commit(tmp: Path) -> Path:
-    """Publish a filled staging folder under its final name (an atomic rename on one filesystem)."""
+    """Write the manifest of a filled staging folder and publish it under its final name (an atomic rename)."""
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    manifest = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     final = tmp.with_suffix("")
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     return final
+
+
+def verify(folder: Path) -> None:
+    """Check every file of the manifest: present, of its size, with its checksum; ConfigError naming the first
+    file that is not."""
+    where = f"runner.resume = {str(folder)!r}"
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no {MANIFEST} (not an rlplace checkpoint, or written before manifests)") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{where}: {MANIFEST} is unreadable ({err})") from err
+    for name, expected in manifest.items():
+        path = folder / name
+        if not path.is_file():
+            raise ConfigError(f"{where}: {name} is missing")
+        if path.stat().st_size != expected["bytes"]:
+            size = path.stat().st_size
+            raise ConfigError(f"{where}: {name} has {size} bytes, the manifest says {expected['bytes']} (truncated?)")
+        if _sha256(path) != expected["sha256"]:
+            raise ConfigError(f"{where}: {name} does not match its checksum in the manifest (corrupted)")
+
+
+def check_identity(folder: Path, family: str, identity: Mapping[str, Any]) -> None:
+    """Refuse (ConfigError, one line) a checkpoint that another task family wrote, or whose `identity` in its
+    STATE_FILE (the config values a resumed run must keep, by config key) differs from this run's `identity`."""
+    where = f"runner.resume = {str(folder)!r} is invalid"
+    try:
+        state = json.loads((folder / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        state = {}
+    if state.get("family") != family:
+        raise ConfigError(f"{where}: not a checkpoint of a {family} run (no {family} state in its {STATE_FILE})")
+    for key, value in identity.items():
+        saved = state["identity"].get(key)
+        if saved != value:
+            raise ConfigError(
+                f"{where}: it was written with {key} = {saved!r}, this run has {value!r} (a resumed run must keep it)"
+            )
 
 
 def latest(root: Path) -> Path | None:
@@ -48,13 +103,33 @@ def step_of(path: Path) -> int:
 
 
 def resolve_resume(resume: str | None, root: Path) -> Path | None:
-    """Which checkpoint `runner.resume` names: None (start fresh), `auto` (newest under root, if any) or a path."""
+    """The verified checkpoint `runner.resume` names under checkpoint folder `root`, or None to start fresh.
+
+    `auto` is the newest checkpoint and an error when there is none (a run meant to continue must not silently
+    start over); `auto_or_new` starts fresh then.
+    """
     if resume is None:
         return None
-    if resume == "auto":
-        return latest(root)
-    path = Path(resume)
-    if not path.is_dir():
-        raise ConfigError(f"runner.resume = {resume!r}: no such checkpoint folder (valid: null, auto, or a path)")
-    step_of(path)
+    if resume in RESUME_AUTO:
+        found = latest(root)
+        if found is None and resume == "auto":
+            raise ConfigError(
+                f"runner.resume = 'auto': no checkpoint under {root} (runner.resume=auto_or_new starts fresh then)"
+            )
+        path = found
+    else:
+        path = Path(resume)
+        if not path.is_dir():
+            raise ConfigError(f"runner.resume = {resume!r}: no such checkpoint folder (valid: {RESUME_CHOICES})")
+        step_of(path)
+    if path is not None:
+        verify(path)
     return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -45,6 +45,10 @@ class ClusterConfig:
     """Start Ray's dashboard with the embedded cluster."""
     namespace: str | None = None
     """Ray namespace; None gives every run its own."""
+    connect_timeout_s: float = 30.0
+    """How long to try reaching the cluster at `address` before giving up with an error."""
+    max_oversubscription: float = 4.0
+    """Most worker processes per CPU core a cpu cluster may be asked to run; more is refused before launch."""
     component_placement: dict[str, Any] = field(default_factory=dict)
     """Component (or `a,b` for several) -> devices; the grammar is in DESIGN.md and rlplace.placement."""
 
@@ -58,6 +62,8 @@ class ClusterConfig:
             self.cpus_per_device,
             "null or at least 1",
         )
+        check(self.connect_timeout_s > 0, "cluster.connect_timeout_s", self.connect_timeout_s, "positive")
+        check(self.max_oversubscription > 0, "cluster.max_oversubscription", self.max_oversubscription, "positive")
 
     @property
     def num_devices(self) -> int:
@@ -130,10 +136,15 @@ class RunnerConfig:
     max_steps: int = 150
     """Training steps (each: sync weights, generate, advantages, train, record)."""
     seed: int = 1
-    save_interval: int = 0
-    """Checkpoint every this many steps; 0 saves only at the end."""
+    save_interval: int = 10
+    """Checkpoint every this many steps (and at the end, and when SIGTERM or Ctrl-C stops the run); 0 saves only at
+    the end."""
     resume: str | None = None
-    """None starts fresh; `auto` continues the newest checkpoint of the run folder; or a checkpoint path."""
+    """None starts fresh; `auto` continues the newest checkpoint of the run folder (an error if there is none);
+    `auto_or_new` starts fresh then; or a checkpoint path."""
+    hang_timeout_s: float = 900.0
+    """Deadline of every phase call on the workers: a worker that has not answered by then is reported by group,
+    rank and method and the run is torn down (exit 1). Generous: a step should take a fraction of it."""
     stop_when_solved: bool = True
     """Stop before max_steps once the last 20 episodes reach task.solved_return (embodied tasks)."""
     eval_interval: int = 10
@@ -144,6 +155,7 @@ class RunnerConfig:
         check(self.max_steps >= 1, "runner.max_steps", self.max_steps, "at least 1 (a run with no step trains nothing)")
         check(self.save_interval >= 0, "runner.save_interval", self.save_interval, "0 (only at the end) or more")
         check(self.eval_interval >= 1, "runner.eval_interval", self.eval_interval, "at least 1")
+        check(self.hang_timeout_s > 0, "runner.hang_timeout_s", self.hang_timeout_s, "positive")
 
 
 @dataclass

@@ -6,9 +6,6 @@ work fails in a second with the key and value named.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from rlplace.core import checkpoint
 from rlplace.core.errors import ConfigError
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs.registry import TASKS, resolve_env_id
@@ -16,7 +13,7 @@ from rlplace.placement import ComponentPlacement
 
 
 def check_embodied(cfg: EmbodiedConfig, placement: ComponentPlacement) -> None:
-    """Task and env id agree; sub-envs divide over env processes, stages and actor ranks; a resume path exists."""
+    """Task and env id agree; sub-envs divide over env processes, stages and actor ranks."""
     try:
         resolve_env_id(cfg.task.env_id)
     except ValueError as err:
@@ -43,5 +40,3 @@ def check_embodied(cfg: EmbodiedConfig, placement: ComponentPlacement) -> None:
             f"algorithm.num_minibatches = {cfg.algorithm.num_minibatches} is too many for each actor's batch of "
             f"{shard} samples (task.total_num_envs / actor processes x rollout.num_steps)"
         )
-    if cfg.runner.resume not in (None, "auto"):
-        checkpoint.resolve_resume(cfg.runner.resume, Path.cwd())

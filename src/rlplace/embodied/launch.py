@@ -10,7 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rlplace.embodied.config import EmbodiedConfig
+from rlplace.core import checkpoint
+from rlplace.embodied.config import FAMILY, EmbodiedConfig
 from rlplace.embodied.runner import EmbodiedRunner
 from rlplace.embodied.workers import ActorWorker, EnvWorker, RolloutWorker
 from rlplace.metrics import MetricLogger
@@ -31,12 +32,37 @@ def train(
         cluster, name="actor", placement_strategy=placement.get_strategy("actor")
     )
     runner = EmbodiedRunner(
-        cfg, actor=actor, rollout=rollout, env=env, placement=placement, run_dir=run_dir, logger=logger, history=history
+        cfg,
+        actor=actor,
+        rollout=rollout,
+        env=env,
+        placement=placement,
+        run_dir=run_dir,
+        logger=logger,
+        identity=checkpoint_identity(cfg),
+        history=history,
     )
     runner.init_workers()
     final = runner.run()
     final["final/return_last20"] = final.get("env/return_last20", math.nan)
     return final
+
+
+def checkpoint_identity(cfg: EmbodiedConfig) -> dict[str, Any]:
+    """What a checkpoint must share with the run that resumes it: the number of stored sub-envs, the simulator and
+    time limit pickled with each, and the shapes of the weights. Not the placement: sub-envs are stored by global
+    env index, so any split of envs over env processes and stages takes them back."""
+    return {
+        "task.total_num_envs": cfg.task.total_num_envs,
+        "task.name": cfg.task.name,
+        "task.max_episode_steps": cfg.task.max_episode_steps,
+        "model.hidden_sizes": cfg.model.hidden_sizes,
+    }
+
+
+def check_checkpoint(cfg: EmbodiedConfig, folder: Path) -> None:
+    """Refuse, before any worker starts, a checkpoint this run cannot continue exactly (ConfigError, one line)."""
+    checkpoint.check_identity(folder, FAMILY, checkpoint_identity(cfg))
 
 
 def run_labels(cfg: EmbodiedConfig) -> dict[str, Any]:

@@ -20,9 +20,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rlplace.core import checkpoint
+from rlplace.core import checkpoint, preemption
 from rlplace.core.runner import PhaseSwitcher, collect_spans, open_channels, placement_timeline
-from rlplace.embodied.config import COMPONENTS, EmbodiedConfig
+from rlplace.embodied.config import COMPONENTS, FAMILY, EmbodiedConfig
 from rlplace.embodied.envs import EpisodeStats, merge_episode_stats
 from rlplace.metrics import MetricLogger, PhaseTimer, TrainingProgress, throughput_metrics
 from rlplace.placement import ComponentPlacement
@@ -64,8 +64,11 @@ class EmbodiedRunner:
         placement: ComponentPlacement,
         run_dir: Path,
         logger: MetricLogger,
+        identity: dict[str, Any],
         history: list[dict[str, float]] | None = None,
     ) -> None:
+        """`identity` is what a checkpoint must share with a run that resumes it (`launch.checkpoint_identity`); each
+        checkpoint records it for `launch.check_checkpoint`."""
         self.cfg, self.actor, self.rollout, self.env = cfg, actor, rollout, env
         self.placement, self.run_dir, self.logger = placement, run_dir, logger
         self.history = [] if history is None else history
@@ -77,7 +80,8 @@ class EmbodiedRunner:
         self.start_step = 0
         self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
         self.total_env_steps = 0
-        self.checkpoint_root = run_dir / "checkpoints"
+        self.checkpoint_root = run_dir / checkpoint.FOLDER
+        self.identity = identity
 
     def init_workers(self) -> None:
         """Restore from `runner.resume` if it names a checkpoint; start with the actor's weights on its devices."""
@@ -85,14 +89,15 @@ class EmbodiedRunner:
         if resume is None:
             return
         wait_all(self.actor.load_checkpoint(str(resume)), self.env.load_checkpoint(str(resume)))
-        state = json.loads((resume / "runner.json").read_text())
+        state = json.loads((resume / checkpoint.STATE_FILE).read_text())
         self.start_step = state["step"]
         self.total_env_steps = state["total_env_steps"]
         self.recent_returns.extend(state["recent_returns"])
         print(f"rlplace: resumed from {resume} at step {self.start_step}")
 
     def run(self) -> dict[str, float]:
-        """Train `runner.max_steps` steps, or until the task is solved; returns the last step's metrics."""
+        """Train `runner.max_steps` steps, or until the task is solved or the run is preempted (SIGTERM, Ctrl-C);
+        returns the last step's metrics. The last step is always checkpointed."""
         cfg = self.cfg.runner
         metrics: dict[str, float] = {}
         start, steps_before = time.perf_counter(), self.total_env_steps
@@ -106,7 +111,7 @@ class EmbodiedRunner:
                 self.logger.log(metrics, step)
                 self.history.append(metrics)
                 progress.update(step + 1, metrics)
-                done = step + 1 == cfg.max_steps or self._solved()
+                done = step + 1 == cfg.max_steps or self._solved() or preemption.requested()
                 if done or (cfg.save_interval and (step + 1) % cfg.save_interval == 0):
                     self.save_checkpoint(step + 1)
                 if done:
@@ -189,10 +194,17 @@ class EmbodiedRunner:
         return metrics
 
     def save_checkpoint(self, step: int) -> Path:
-        """Actor weights, optimizer and RNGs, env simulators, and the runner's counters: one atomic folder."""
+        """Actor weights, optimizer and RNGs, env simulators by global env index, and the runner's counters: one
+        atomic folder."""
         with self.timer.phase("checkpoint"):
             tmp = checkpoint.staging_dir(self.checkpoint_root, step)
             wait_all(self.actor.save_checkpoint(str(tmp)), self.env.save_checkpoint(str(tmp)))
-            state = {"step": step, "total_env_steps": self.total_env_steps, "recent_returns": list(self.recent_returns)}
-            (tmp / "runner.json").write_text(json.dumps(state))
+            state = {
+                "family": FAMILY,
+                "step": step,
+                "total_env_steps": self.total_env_steps,
+                "recent_returns": list(self.recent_returns),
+                "identity": self.identity,
+            }
+            (tmp / checkpoint.STATE_FILE).write_text(json.dumps(state))
             return checkpoint.commit(tmp)

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import statistics
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -20,6 +21,7 @@ BACKENDS = ("wandb", "jsonl", "none")
 WANDB_MODES = ("offline", "online", "disabled")
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+WANDB_ID_FILE = "wandb_id.txt"
 SUMMARY_PREFIXES = ("throughput/", "time/")
 WARMUP_STEPS = 2
 """Steps left out of a run's summary medians (and the sweep report's): the first steps pay for process start-up
@@ -66,13 +68,19 @@ class NullLogger:
 class JsonlLogger:
     """One JSON object per line, `{"step": step, **metrics}`, flushed per line so a crash loses at most one step.
 
-    The file is opened for appending, so a resumed run continues its history. `log_summary` writes
-    `summary.json` next to it.
+    A run that starts at `start_step` (a resumed one) first drops the rows of that step and later, which an
+    interrupted earlier attempt wrote after its checkpoint, so every step is in the file exactly once.
+    `log_summary` writes `summary.json` next to it.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], start_step: int = 0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            kept = [row for row in read_jsonl(self.path) if row["step"] < start_step]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+            os.replace(tmp, self.path)
         self._file = self.path.open("a", encoding="utf-8")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
@@ -106,6 +114,7 @@ class WandbLogger:
         config: Mapping[str, Any] | None = None,
         mode: WandbMode = "offline",
         dir: str | os.PathLike[str] | None = None,
+        run_id: str | None = None,
     ) -> None:
         if mode not in WANDB_MODES:
             raise ValueError(f"wandb mode {mode!r} is not one of {list(WANDB_MODES)}")
@@ -122,6 +131,8 @@ class WandbLogger:
             config=dict(config or {}),
             mode=self.mode,
             dir=None if dir is None else str(dir),
+            id=run_id,
+            resume="allow" if run_id else None,  # a resumed run continues its wandb run
             reinit="finish_previous",  # a crashed earlier job in the same process (Hydra multirun) is closed
             settings=wandb.Settings(silent=True, console="off"),
         )
@@ -174,25 +185,42 @@ def build_logger(
     group: str | None = None,
     tags: Sequence[str] = (),
     mode: WandbMode = "offline",
+    start_step: int = 0,
 ) -> MetricLogger:
     """The run's logger: always `run_dir/metrics.jsonl`, plus wandb (files under `run_dir`) for backend "wandb".
 
-    "none" means no external tracker; the jsonl file is still written because reports read it.
+    "none" means no external tracker; the jsonl file is still written because reports read it. `start_step` is the
+    first step this run logs (a resumed run's checkpoint step): the jsonl history is cut back to it.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown logger backend {backend!r}; valid backends: {list(BACKENDS)}")
     run_dir = Path(run_dir)
-    jsonl = JsonlLogger(run_dir / METRICS_FILE)
+    jsonl = JsonlLogger(run_dir / METRICS_FILE, start_step)
     if backend != "wandb":
         return jsonl
     try:
         wandb_logger = WandbLogger(
-            project=project, name=name, group=group, tags=tags, config=config, mode=mode, dir=run_dir
+            project=project,
+            name=name,
+            group=group,
+            tags=tags,
+            config=config,
+            mode=mode,
+            dir=run_dir,
+            run_id=_wandb_run_id(run_dir),
         )
     except BaseException:
         jsonl.close()
         raise
     return MultiLogger([jsonl, wandb_logger])
+
+
+def _wandb_run_id(run_dir: Path) -> str:
+    """The wandb run id of a run folder, kept in it, so that every start in the folder (a resume) is one wandb run."""
+    path = run_dir / WANDB_ID_FILE
+    if not path.exists():
+        path.write_text(uuid.uuid4().hex[:12])
+    return path.read_text().strip()
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

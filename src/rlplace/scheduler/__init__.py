@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from rlplace.scheduler.errors import ChannelTimeout, ClusterError, WorkerError
+from rlplace.scheduler.errors import ChannelTimeout, ClusterError, WorkerError, WorkerTimeout
 from rlplace.scheduler.timer import timer
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ __all__ = [
     "WorkerError",
     "WorkerGroup",
     "WorkerGroupSpec",
+    "WorkerTimeout",
     "timer",
     "wait_all",
 ]

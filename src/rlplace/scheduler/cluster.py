@@ -5,7 +5,7 @@ this process already runs in (a Hydra Ray launcher job), and in every case check
 nodes and devices before anything is launched. Nodes get stable ranks (the driver's node first, then by IP and node
 id) so placements mean the same node every run. On a cpu cluster each logical device owns a disjoint set of its
 node's CPU cores (`cores_of`). Shutting down tears down every worker group, then the Ray this cluster started, so a
-run leaves no processes behind, also after an exception or Ctrl-C.
+run leaves no processes behind, also after an exception or Ctrl-C; an embedded Ray's session folder is removed too.
 """
 
 from __future__ import annotations
@@ -14,12 +14,16 @@ import atexit
 import ipaddress
 import logging
 import os
+import shutil
 import socket
+import time
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import ray
 import ray._private.ray_constants as ray_constants
+import ray._private.services as services
 from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -41,7 +45,11 @@ class Cluster:
     Use it as a context manager, or call `shutdown()`; it also shuts down at interpreter exit.
     """
 
-    def __init__(self, cfg: ClusterConfig) -> None:
+    def __init__(
+        self, cfg: ClusterConfig, call_timeout_s: float | None = None, load: Sequence[int] | None = None
+    ) -> None:
+        """`load`, the worker processes the run will place on each node, is checked against the nodes' cores
+        (`cluster.max_oversubscription`), on an embedded Ray before it starts."""
         if cfg.device_type not in ("cpu", "gpu"):
             raise ClusterError(f"cluster.device_type must be 'cpu' or 'gpu', got {cfg.device_type!r}")
         if cfg.num_nodes < 1 or cfg.num_devices_per_node < 1:
@@ -57,6 +65,9 @@ class Cluster:
         self._started_ray = False  # ... and that ray.init started Ray's processes here
         self._closed = False
         self._lease: DeviceLease | None = None
+        self._max_oversubscription = cfg.max_oversubscription
+        self.call_timeout_s = call_timeout_s
+        """Deadline of worker calls waited on without a timeout: a hung worker is reported, never waited for."""
 
         if ray.is_initialized():
             where = "the Ray this process is connected to"
@@ -65,6 +76,14 @@ class Cluster:
                 raise ClusterError(
                     f"an embedded local Ray has one node, but cluster.num_nodes={cfg.num_nodes}: "
                     "start a multi-node Ray cluster and set cluster.address"
+                )
+            # Refuse what cannot work before paying for Ray's start: this machine is the whole cluster.
+            if cfg.device_type == "cpu":
+                self._check_load([split_cores(_usable_cores(), cfg.num_devices_per_node, cfg.cpus_per_device)], load)
+            elif _local_gpus() < cfg.num_devices_per_node:
+                raise ClusterError(
+                    f"cluster.device_type = 'gpu': cluster.num_devices_per_node = {cfg.num_devices_per_node} GPUs "
+                    f"asked, this machine has {_local_gpus()}"
                 )
             _start_local_ray(cfg)
             self._owns_connection = self._started_ray = True
@@ -83,6 +102,7 @@ class Cluster:
             self._device_cores = [
                 split_cores(cores, cfg.num_devices_per_node, cfg.cpus_per_device) for cores in node_cores
             ]
+            self._check_load(self._device_cores, load)
         except BaseException:
             self.shutdown()
             raise
@@ -104,6 +124,20 @@ class Cluster:
         if self.device_type != "cpu":
             raise ClusterError("cores_of is defined for device_type='cpu' clusters, whose devices are CPU cores")
         return self._device_cores[node_rank][local_device]
+
+    def _check_load(self, device_cores: list[list[tuple[int, ...]]], load: Sequence[int] | None) -> None:
+        """Refuse more worker processes on a cpu node than `cluster.max_oversubscription` per core: past that,
+        every process mostly waits for a core and the run measures the machine's scheduler, not a placement."""
+        if load is None:
+            return
+        for node, (processes, cores_of_devices) in enumerate(zip(load, device_cores, strict=False)):
+            cores = len(set().union(*cores_of_devices))
+            if processes > self._max_oversubscription * cores:
+                raise ClusterError(
+                    f"cluster.max_oversubscription = {self._max_oversubscription:g}: the placement puts "
+                    f"{processes} worker processes on node {node}'s {cores} CPU core(s) ({processes / cores:.1f} per "
+                    "core); place fewer processes or devices, or raise cluster.max_oversubscription"
+                )
 
     def free_port(self, node_rank: int) -> int:
         """A TCP port that is free now on node `node_rank` (for MASTER_PORT)."""
@@ -145,8 +179,11 @@ class Cluster:
         finally:
             if self._owns_connection:
                 leftovers = _ray_processes() if self._started_ray else []
+                session = _session_dir() if self._started_ray else None
                 ray.shutdown()
                 _kill_survivors(leftovers, RAY_EXIT_S)
+                if session is not None:
+                    _remove_session(session)
 
     def __enter__(self) -> Cluster:
         return self
@@ -187,10 +224,35 @@ def _start_local_ray(cfg: ClusterConfig) -> None:
 
 
 def _attach(cfg: ClusterConfig) -> None:
+    """Connect to a running Ray cluster, once its head answers within `cluster.connect_timeout_s`.
+
+    `ray.init` retries an unreachable head forever, so the head's port is first probed with plain TCP until the
+    deadline: an address with nothing listening becomes a clear error instead of a hang.
+    """
     try:
-        ray.init(address=cfg.address, namespace=cfg.namespace, logging_level=logging.ERROR)
+        address = services.canonicalize_bootstrap_address(cfg.address)
+        if address is None:
+            raise ConnectionError("no running Ray cluster found (no RAY_ADDRESS, no cluster started by `ray start`)")
+        _wait_for_port(address, cfg.connect_timeout_s)
+        ray.init(address=address, namespace=cfg.namespace, logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as error:
-        raise ClusterError(f"could not attach to the Ray cluster at {cfg.address!r}: {error}") from error
+        raise ClusterError(f"cluster.address = {cfg.address!r}: could not attach to a Ray cluster: {error}") from error
+
+
+def _wait_for_port(address: str, timeout: float) -> None:
+    """Return once `host:port` accepts a TCP connection; ConnectionError after `timeout` seconds of trying."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=max(0.1, deadline - time.monotonic())):
+                return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(
+                    f"tried {address} for {timeout:g} s (cluster.connect_timeout_s): {error.strerror or error}"
+                ) from error
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 def _rank_nodes(where: str, cfg: ClusterConfig) -> list[dict[str, Any]]:
@@ -236,12 +298,22 @@ def split_cores(cores: list[int], num_devices: int, cpus_per_device: int | None)
     per_device = cpus_per_device or max(1, len(cores) // num_devices)
     if cpus_per_device is not None and cpus_per_device * num_devices > len(cores):
         raise ClusterError(
-            f"cluster.cpus_per_device={cpus_per_device} x {num_devices} devices needs "
-            f"{cpus_per_device * num_devices} cores, but a node has {len(cores)}: {cores}"
+            f"cluster.cpus_per_device = {cpus_per_device}: {num_devices} devices x {cpus_per_device} need "
+            f"{cpus_per_device * num_devices} cores, but a node has {len(cores)} ({cores}); lower it, or use null"
         )
     return [
         tuple(cores[(device * per_device + i) % len(cores)] for i in range(per_device)) for device in range(num_devices)
     ]
+
+
+def _local_gpus() -> int:
+    """The NVIDIA GPUs Ray would find on this machine (honouring CUDA_VISIBLE_DEVICES), without starting Ray."""
+    from ray._private.accelerators import get_accelerator_manager_for_resource
+
+    manager = get_accelerator_manager_for_resource("GPU")
+    visible = manager.get_current_process_visible_accelerator_ids()
+    found = manager.get_current_node_num_accelerators()
+    return found if visible is None else min(found, len(visible))
 
 
 def _usable_cores() -> list[int]:
@@ -273,6 +345,21 @@ def _ray_processes() -> list[Any]:
         except psutil.Error:
             continue
     return found
+
+
+def _session_dir() -> str | None:
+    """The folder of the Ray session this process started (logs, sockets), while it runs."""
+    node = ray._private.worker.global_worker.node
+    return None if node is None else node.get_session_dir_path()
+
+
+def _remove_session(session: str) -> None:
+    """Delete a stopped session's folder, and Ray's `session_latest` link when it points there: Ray keeps every
+    session's folder under the temp dir forever, a few hundred KB per run."""
+    shutil.rmtree(session, ignore_errors=True)
+    latest = os.path.join(os.path.dirname(session), "session_latest")
+    if os.path.islink(latest) and os.path.realpath(latest) == os.path.realpath(session):
+        os.unlink(latest)
 
 
 def _kill_survivors(processes: list[Any], timeout: float) -> None:

@@ -38,6 +38,15 @@ class WorkerError(RuntimeError):
         self.cause = cause
 
 
+class WorkerTimeout(WorkerError, TimeoutError):
+    """A worker method did not finish within its deadline: the process is hung (stopped, deadlocked) or far slower
+    than the deadline allows. Names the first rank still pending."""
+
+    def __init__(self, group: str, rank: int, method: str, seconds: float, reason: str) -> None:
+        super().__init__(group, rank, method, f"did not finish within {seconds:g} s ({reason})")
+        self.seconds = seconds
+
+
 class ChannelTimeout(TimeoutError):
     """A channel `put` found the queue full, or a `get` found it empty, for longer than the timeout."""
 

@@ -15,7 +15,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from rlplace.scheduler.errors import WorkerError
+from rlplace.scheduler.errors import WorkerError, WorkerTimeout
 
 _POLL_S = 0.5
 """Longest single `ray.wait`, so a waiting driver still reacts to Ctrl-C promptly."""
@@ -25,11 +25,20 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 class GroupFuture:
     """Results of `method` on `ranks`, in that order; one Ray ObjectRef per rank (`refs`)."""
 
-    def __init__(self, group: str, method: str, ranks: Sequence[int], refs: Sequence[ray.ObjectRef]) -> None:
+    def __init__(
+        self,
+        group: str,
+        method: str,
+        ranks: Sequence[int],
+        refs: Sequence[ray.ObjectRef],
+        deadline_s: float | None = None,
+    ) -> None:
         self.group = group
         self.method = method
         self.ranks = tuple(ranks)
         self.refs = tuple(refs)
+        self.deadline_s = deadline_s
+        """How long `wait()` waits when given no timeout (the cluster's hang deadline); None waits for ever."""
         self._results: dict[int, Any] = {}
         self._error: WorkerError | None = None
 
@@ -42,8 +51,10 @@ class GroupFuture:
         """Block until every called rank returned; their results, in the order of `ranks`.
 
         Raises `WorkerError` for the first rank found failed (exception or dead process), without waiting for the
-        others, and `TimeoutError` when `timeout` seconds pass first.
+        others, and `WorkerTimeout` (a `TimeoutError`) when `timeout` seconds, or without one the future's
+        `deadline_s`, pass first.
         """
+        timeout, reason = _timeout_and_reason(timeout, (self,))
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -53,10 +64,7 @@ class GroupFuture:
             if len(self._results) == len(self.refs):
                 return [self._results[i] for i in range(len(self.refs))]
             if remaining == 0.0:
-                pending = [rank for i, rank in enumerate(self.ranks) if i not in self._results]
-                raise TimeoutError(
-                    f"group {self.group!r}: {self.method}() not finished on ranks {pending} after {timeout:g} s"
-                )
+                raise self._timeout(timeout, reason)
 
     def _collect(self, timeout: float) -> None:
         """Fetch the results that are ready, waiting up to `timeout` for the first one."""
@@ -76,6 +84,10 @@ class GroupFuture:
         if errors:
             first = min(errors)
             self._error = self._translate(self.ranks[first], errors[first])
+
+    def _timeout(self, seconds: float, reason: str) -> WorkerTimeout:
+        pending = [rank for i, rank in enumerate(self.ranks) if i not in self._results]
+        return WorkerTimeout(self.group, pending[0], self.method, seconds, reason)
 
     def _translate(self, rank: int, error: RayError) -> WorkerError:
         if isinstance(error, RayTaskError):
@@ -102,8 +114,10 @@ def wait_all(*futures: GroupFuture, timeout: float | None = None) -> list[list[A
 
     Calls that depend on each other (the two ends of a channel, both sides of a transfer) must be waited on
     together: waiting on them one after another hangs when a later one fails while an earlier one blocks on it.
-    Raises `WorkerError` for the first failure found in any of them, and `TimeoutError` after `timeout` seconds.
+    Raises `WorkerError` for the first failure found in any of them, and `WorkerTimeout` (naming the first call
+    still pending) after `timeout` seconds, or without one the shortest `deadline_s` of the futures.
     """
+    timeout, reason = _timeout_and_reason(timeout, futures)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         for future in futures:
@@ -114,7 +128,16 @@ def wait_all(*futures: GroupFuture, timeout: float | None = None) -> list[list[A
             return [future.wait() for future in futures]
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         if remaining == 0.0:
-            pending = [f"{future.group}.{future.method}()" for future in futures if not future.done()]
-            raise TimeoutError(f"{', '.join(pending)} not finished after {timeout:g} s")
+            raise next(future for future in futures if not future.done())._timeout(timeout, reason)
         pending_refs = [ref for future in futures for i, ref in enumerate(future.refs) if i not in future._results]
         ray.wait(pending_refs, num_returns=1, timeout=_POLL_S if remaining is None else min(_POLL_S, remaining))
+
+
+def _timeout_and_reason(timeout: float | None, futures: Sequence[GroupFuture]) -> tuple[float | None, str]:
+    """The wait's timeout (the caller's, else the shortest deadline of the futures) and what it stands for."""
+    if timeout is not None:
+        return timeout, "the caller's timeout"
+    deadlines = [future.deadline_s for future in futures if future.deadline_s is not None]
+    if not deadlines:
+        return None, ""
+    return min(deadlines), "hung, or slower than the hang deadline runner.hang_timeout_s allows"

@@ -31,10 +31,23 @@ if TYPE_CHECKING:
 
 GRACEFUL_EXIT_S = 3.0
 """How long `terminate` lets workers finish their current call and exit before killing them."""
+LAUNCH_DEADLINE_MIN_S = 120.0
+"""Least time a rank's `__init__` gets under a hang deadline: starting a process, importing torch and building a
+model on a busy machine can take far longer than a training step."""
 
 
 _GROUP_ATTRIBUTES = frozenset(
-    {"name", "worker_cls", "placements", "workers", "terminated", "world_size", "execute_on", "terminate"}
+    {
+        "name",
+        "worker_cls",
+        "placements",
+        "workers",
+        "terminated",
+        "world_size",
+        "execute_on",
+        "terminate",
+        "call_timeout_s",
+    }
 )
 """WorkerGroup's own attributes; a worker method of the same name could not be called through the group."""
 
@@ -86,11 +99,12 @@ class WorkerGroupSpec:
             )
             workers.append(options.remote(*self.args, **self.kwargs))
 
-        group = WorkerGroup(name, self.worker_cls, placements, workers, methods)
+        group = WorkerGroup(name, self.worker_cls, placements, workers, methods, cluster.call_timeout_s)
         cluster.add_group(group)
         ready = [worker.__ray_ready__.remote() for worker in workers]
         try:
-            GroupFuture(name, "__init__", range(len(workers)), ready).wait()
+            deadline = None if cluster.call_timeout_s is None else max(cluster.call_timeout_s, LAUNCH_DEADLINE_MIN_S)
+            GroupFuture(name, "__init__", range(len(workers)), ready, deadline).wait()
         except BaseException:
             group.terminate()
             raise
@@ -110,8 +124,11 @@ class WorkerGroup:
         placements: list[Placement],
         workers: list[ActorHandle],
         methods: frozenset[str],
+        call_timeout_s: float | None = None,
     ) -> None:
         self.name = name
+        self.call_timeout_s = call_timeout_s
+        """The deadline of every call's future when waited on without a timeout (None: no deadline)."""
         self.worker_cls = worker_cls
         self.placements = placements
         self.workers = workers
@@ -144,7 +161,7 @@ class WorkerGroup:
         if self.terminated:
             raise RuntimeError(f"group {self.name!r} was terminated; cannot call {method}()")
         refs = [getattr(self.workers[rank], method).remote(*args, **kwargs) for rank in ranks]
-        return GroupFuture(self.name, method, ranks, refs)
+        return GroupFuture(self.name, method, ranks, refs, self.call_timeout_s)
 
     def terminate(self, graceful_s: float = GRACEFUL_EXIT_S) -> None:
         """Let every rank finish its current call and exit, then kill those still alive after `graceful_s`."""

@@ -1,6 +1,6 @@
 """Simulator tasks: the task registry and slices of sub-environments addressed by global env index."""
 
-from .env_slice import EnvSlice, EpisodeStats, merge_episode_stats, split_stages
+from .env_slice import EnvSlice, EpisodeStats, SubEnvState, merge_episode_stats, split_stages
 from .registry import TASKS, ActionSpec, EnvSpec, env_spec, make_env, resolve_env_id
 
 __all__ = [
@@ -9,6 +9,7 @@ __all__ = [
     "EnvSlice",
     "EnvSpec",
     "EpisodeStats",
+    "SubEnvState",
     "env_spec",
     "make_env",
     "merge_episode_stats",

@@ -2,14 +2,17 @@
 
 Env workers each hold the sub-envs with global indices [start, end), further split into pipeline stages. Everything
 that could make results depend on that split is keyed by the global index instead of by position in a worker: sub-env
-i is seeded `seed + i`, and finished episodes are reported with their global index and the step they ended on, so the
-episodes of any split can be merged back into one deterministic order (see `merge_episode_stats`).
+i is seeded `seed + i`, finished episodes are reported with their global index and the step they ended on, so the
+episodes of any split can be merged back into one deterministic order (see `merge_episode_stats`), and a checkpoint
+keeps each sub-env's state by global index (`SubEnvState`), so slices of another split can take it back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import gymnasium as gym
 import numpy as np
 
 from .registry import ActionSpec, make_env
@@ -24,6 +27,70 @@ class EpisodeStats(NamedTuple):
     """Global index of the sub-env that played the episode."""
     end_steps: list[int]
     """The slice's step count (calls to `step` since the first `reset`) on which the episode ended."""
+
+
+class SubEnvState(NamedTuple):
+    """One sub-env between two steps: everything its future observations, rewards and episode stats depend on.
+
+    Per sub-env rather than per slice, so that a checkpoint can store it by global index and a run split differently
+    over env processes and stages can resume it (`EnvSlice.restore`).
+    """
+
+    env: gym.Env
+    """The simulator and its wrappers (the time limit's step count included), mid-episode. A simulator that wraps C
+    code (MuJoCo) pickles as its constructor arguments only (gymnasium's `EzPickle`), so it comes back fresh and
+    `reset_rng` and `physics` carry what it held."""
+    reset_rng: np.random.Generator
+    """The simulator's own RNG, which draws the initial state of each auto-reset."""
+    physics: np.ndarray | None
+    """MuJoCo's integration state (`mj_getState`), None for a pure-Python simulator (pickled whole)."""
+    episode_return: float
+    episode_length: int
+    """The running episode's return and length so far, reported when it ends."""
+    step_count: int
+    """The slice's step count: finished episodes are ordered by it across slices (`EpisodeStats.end_steps`)."""
+
+    @classmethod
+    def take(cls, env: gym.Env, episode_return: float, episode_length: int, step_count: int) -> SubEnvState:
+        """The state of `env` now; `revive` gives it back as it is, whether pickled in between or not."""
+        return cls(env, env.unwrapped.np_random, _get_physics(env), episode_return, episode_length, step_count)
+
+    def revive(self) -> gym.Env:
+        """The simulator as it was taken, also when unpickling rebuilt it fresh from its constructor arguments."""
+        self.env.unwrapped.np_random = self.reset_rng
+        if self.physics is not None:
+            _set_physics(self.env, self.physics)
+        return self.env
+
+
+def _mujoco_env(env: gym.Env) -> Any:
+    """The MuJoCo simulator under `env`'s wrappers, or None (always None without the `mujoco` extra)."""
+    try:
+        from gymnasium.envs.mujoco import MujocoEnv
+    except ImportError:
+        return None
+    return env.unwrapped if isinstance(env.unwrapped, MujocoEnv) else None
+
+
+def _get_physics(env: gym.Env) -> np.ndarray | None:
+    """MuJoCo's integration state: every field the next steps depend on (time, positions, velocities, actuator
+    activations, the solver's warm start, controls, applied forces, ...); None for a simulator that is not MuJoCo."""
+    sim = _mujoco_env(env)
+    if sim is None:
+        return None
+    import mujoco  # imported with MujocoEnv above
+
+    spec = mujoco.mjtState.mjSTATE_INTEGRATION
+    physics = np.empty(mujoco.mj_stateSize(sim.model, spec))
+    mujoco.mj_getState(sim.model, sim.data, physics, spec)
+    return physics
+
+
+def _set_physics(env: gym.Env, physics: np.ndarray) -> None:
+    import mujoco  # only MuJoCo envs have physics to set
+
+    sim = _mujoco_env(env)
+    mujoco.mj_setState(sim.model, sim.data, physics, mujoco.mjtState.mjSTATE_INTEGRATION)
 
 
 def split_stages(start: int, end: int, num_stages: int) -> list[tuple[int, int]]:
@@ -139,6 +206,26 @@ class EnvSlice:
             np.asarray(terminated, dtype=bool),
             np.asarray(truncated, dtype=bool),
         )
+
+    def states(self) -> list[SubEnvState]:
+        """Each sub-env's state, in global index order. Take it between steps after `pop_episode_stats`: episodes
+        finished but not yet popped are not part of it."""
+        return [
+            SubEnvState.take(env, ret, length, self._step_count)
+            for env, ret, length in zip(self.envs, self._running_return, self._running_length, strict=True)
+        ]
+
+    def restore(self, states: Sequence[SubEnvState]) -> None:
+        """Continue from `states` (one per sub-env, in global index order), whichever split of slices took them.
+
+        The simulators come from `states`, so this slice's own (fresh) ones are closed.
+        """
+        self.close()
+        self.envs = [state.revive() for state in states]
+        self._running_return = [state.episode_return for state in states]
+        self._running_length = [state.episode_length for state in states]
+        self._step_count = states[0].step_count
+        self._seeded = True
 
     def pop_episode_stats(self) -> EpisodeStats:
         """Episodes finished since the last call, ordered by (end_step, env_index); clears them."""

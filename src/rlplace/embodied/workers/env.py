@@ -3,19 +3,38 @@
 Each env rank holds `total_num_envs / env world size` sub-envs, split into `rollout.pipeline_stage_num` streams.
 During generation it sends each stream's observations to the rollout, waits for that stream's actions, and steps
 only that stream, so while it simulates stream s the rollout can already infer for stream s+1.
+
+Checkpoints keep each sub-env in its own file named by global index, whichever rank wrote it, so a run resumes under
+any placement with the same `task.total_num_envs`: each rank reads the files of the envs it holds now.
 """
 
 from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from rlplace.embodied.config import EmbodiedConfig
-from rlplace.embodied.envs import EnvSlice, EpisodeStats, merge_episode_stats
+from rlplace.embodied.envs import EnvSlice, EpisodeStats, SubEnvState, merge_episode_stats
 from rlplace.embodied.streams import all_streams
 from rlplace.scheduler import Channel, Worker, timer
+
+ENVS_DIR = "envs"
+"""The checkpoint's subfolder of sub-env files, `<global env index>.pkl` (zero-padded to 6 digits)."""
+
+
+class SavedSubEnv(NamedTuple):
+    """One sub-env in a checkpoint: its state, and the observation and done flag the rollout is sent next."""
+
+    state: SubEnvState
+    obs: np.ndarray
+    done: np.float32
+
+
+def _sub_env_file(folder: str, index: int) -> Path:
+    return Path(folder) / ENVS_DIR / f"{index:06d}.pkl"
 
 
 class EnvWorker(Worker):
@@ -57,10 +76,17 @@ class EnvWorker(Worker):
         return 0
 
     def save_checkpoint(self, folder: str) -> None:
-        """Simulator states (mid-episode included) and the last observations, so a resumed run continues exactly."""
-        state = {"slices": self.slices, "obs": self.obs, "dones": self.dones}
-        (Path(folder) / f"env_rank{self.rank}.pkl").write_bytes(pickle.dumps(state))
+        """Every sub-env of this rank (simulator mid-episode, running episode stats, last observation) to the file of
+        its global index, so a resumed run continues exactly however it splits the envs."""
+        (Path(folder) / ENVS_DIR).mkdir(exist_ok=True)  # every env rank makes it; the first one wins
+        for env, obs, dones in zip(self.slices, self.obs, self.dones, strict=True):
+            for index, state, row, done in zip(env.global_indices.tolist(), env.states(), obs, dones, strict=True):
+                _sub_env_file(folder, index).write_bytes(pickle.dumps(SavedSubEnv(state, row, done)))
 
     def load_checkpoint(self, folder: str) -> None:
-        state = pickle.loads((Path(folder) / f"env_rank{self.rank}.pkl").read_bytes())
-        self.slices, self.obs, self.dones = state["slices"], state["obs"], state["dones"]
+        """Take back the sub-envs this rank holds now from their files, whichever rank wrote them."""
+        for i, env in enumerate(self.slices):
+            saved = [pickle.loads(_sub_env_file(folder, index).read_bytes()) for index in env.global_indices.tolist()]
+            env.restore([s.state for s in saved])
+            self.obs[i] = np.stack([s.obs for s in saved])
+            self.dones[i] = np.array([s.done for s in saved], dtype=np.float32)

@@ -1,0 +1,71 @@
+"""Checkpoint folders: atomic publication with a manifest, verification before a resume, and `runner.resume`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlplace.core import checkpoint
+from rlplace.core.errors import ConfigError
+
+
+def _write(root: Path, step: int, payload: bytes = b"weights") -> Path:
+    tmp = checkpoint.staging_dir(root, step)
+    (tmp / "actor.pt").write_bytes(payload)
+    (tmp / "runner.json").write_text(json.dumps({"step": step}))
+    return checkpoint.commit(tmp)
+
+
+def test_commit_publishes_a_verified_folder_with_a_manifest(tmp_path: Path) -> None:
+    folder = _write(tmp_path, 3)
+    assert folder.name == "step_000003" and not (tmp_path / "step_000003.tmp").exists()
+    manifest = json.loads((folder / checkpoint.MANIFEST).read_text())
+    assert set(manifest) == {"actor.pt", "runner.json"} and manifest["actor.pt"]["bytes"] == len(b"weights")
+    checkpoint.verify(folder)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda f: (f / "actor.pt").write_bytes(b"weigh"),
+            r"actor.pt has 5 bytes, the manifest says 7 \(truncated\?\)",
+        ),
+        (lambda f: (f / "actor.pt").write_bytes(b"WEIGHTS"), "actor.pt does not match its checksum"),
+        (lambda f: (f / "runner.json").unlink(), "runner.json is missing"),
+        (lambda f: (f / checkpoint.MANIFEST).unlink(), "no manifest.json"),
+        (lambda f: (f / checkpoint.MANIFEST).write_text("{"), "manifest.json is unreadable"),
+    ],
+)
+def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path: Path, damage, message: str) -> None:
+    folder = _write(tmp_path, 1)
+    damage(folder)
+    with pytest.raises(ConfigError, match=f"runner.resume = '{folder}': {message}"):
+        checkpoint.resolve_resume(str(folder), tmp_path)
+
+
+def test_resume_auto_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
+    _write(tmp_path, 1)
+    newest = _write(tmp_path, 2)
+    checkpoint.staging_dir(tmp_path, 3)  # a save that was cut short
+    assert checkpoint.resolve_resume("auto", tmp_path) == newest
+    assert checkpoint.resolve_resume("auto_or_new", tmp_path) == newest
+    assert checkpoint.resolve_resume(None, tmp_path) is None
+
+
+def test_resume_auto_without_a_checkpoint_is_refused_unless_asked_to_start_fresh(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"runner.resume = .auto.: no checkpoint under .* \(runner.resume=auto_or_new starts fresh then\)",
+    ):
+        checkpoint.resolve_resume("auto", tmp_path)
+    assert checkpoint.resolve_resume("auto_or_new", tmp_path) is None
+
+
+def test_resume_of_a_path_that_is_no_checkpoint_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such checkpoint folder"):
+        checkpoint.resolve_resume(str(tmp_path / "missing"), tmp_path)
+    with pytest.raises(ConfigError, match=r"not a checkpoint folder \(expected .../step_<k>\)"):
+        checkpoint.resolve_resume(str(tmp_path), tmp_path)

@@ -1,0 +1,181 @@
+"""Faults a run must report or survive, each bounded in time: bad input and unwritable outputs, an unreachable
+cluster, damaged checkpoints, a hung or killed worker, preemption by SIGTERM.
+
+What the command line does is checked in a subprocess where only the command line can show it (exit codes, the
+preemption path); the rest runs in this process, against one embedded Ray the module's runs share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+
+from rlplace.cli import check_overrides, compose_run
+from rlplace.core import checkpoint
+from rlplace.core.config import ClusterConfig
+from rlplace.core.errors import ConfigError
+from rlplace.families import resolve
+from rlplace.scheduler import Cluster, WorkerError, WorkerTimeout
+from rlplace.scheduler.cluster import RAY_EXIT_S
+from rlplace.train import RUN_INFO, train
+
+TINY = ["task.total_num_envs=4", "rollout.num_steps=16", "algorithm.num_minibatches=2", "logger=jsonl"]
+
+
+def rlplace_train(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "rlplace.train", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text[-2000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["placement=foo"], "Could not find 'placement/foo' Available options in 'placement': collocated"),
+        (
+            ["runner.max_steps=abc"],
+            "override runner.max_steps=abc: Value 'abc' of type 'str' could not be converted to Integer",
+        ),
+        (["runner.max_stepz=3"], "Could not override 'runner.max_stepz'"),
+        (["-m", "placement=collocated,fooo"], "Could not find 'placement/fooo'"),
+        (["runner.max_steps=["], "no viable alternative at input '['"),
+    ],
+)
+def test_composition_errors_exit_2_with_one_line(capsys, args: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        check_overrides(args)
+    assert exit_info.value.code == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("rlplace: error: ") and message in line
+
+
+def test_an_output_folder_that_cannot_be_written_exits_2_naming_it(capsys, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        check_overrides([f"hydra.run.dir={blocker}/run"])
+    assert exit_info.value.code == 2
+    assert f"hydra.run.dir = '{blocker}/run': cannot write the run's outputs there" in one_line(capsys.readouterr().err)
+
+
+def test_an_unreachable_cluster_exits_2_naming_the_address_without_hanging(tmp_path: Path) -> None:
+    start = time.monotonic()
+    result = rlplace_train(
+        *TINY, "cluster.address=127.0.0.1:1", "cluster.connect_timeout_s=2", f"hydra.run.dir={tmp_path}"
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    line = one_line(result.stderr)
+    assert line.startswith("rlplace: error: cluster.address = '127.0.0.1:1': could not attach to a Ray cluster: tried")
+    assert "for 2 s (cluster.connect_timeout_s)" in line
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / RUN_INFO).exists()
+
+
+def _checkpoint(root: Path) -> Path:
+    tmp = checkpoint.staging_dir(root, 1)
+    (tmp / "actor.pt").write_bytes(b"\0" * 64)
+    (tmp / "runner.json").write_text(json.dumps({"step": 1}))
+    return checkpoint.commit(tmp)
+
+
+def test_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    folder = _checkpoint(tmp_path / "old" / checkpoint.FOLDER)
+    with (folder / "actor.pt").open("r+b") as file:
+        file.truncate(10)
+    with pytest.raises(ConfigError, match=r"actor.pt has 10 bytes, the manifest says 64 \(truncated\?\)"):
+        train(resolve(compose_run([*TINY, f"runner.resume={folder}"])), tmp_path / "run", {})
+    assert not ray.is_initialized()
+
+
+def test_resume_auto_with_nothing_to_resume_is_refused_unless_asked_to_start_fresh(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="runner.resume = 'auto': no checkpoint under"):
+        train(resolve(compose_run([*TINY, "runner.resume=auto"])), tmp_path, {})
+    assert not ray.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def shared_ray() -> Iterator[None]:
+    """One embedded Ray for the in-process runs of this module (each run's Cluster joins it)."""
+    with Cluster(ClusterConfig()):
+        yield
+
+
+def _once_training(run_dir: Path, name: str, action) -> threading.Thread:
+    """Once the run has logged a step, apply `action(pid)` to the first process of worker class `name` of this
+    process's Ray (Ray titles worker processes `ray::<class>...`)."""
+
+    def watch() -> None:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+            time.sleep(0.1)
+        for process in psutil.Process().children(recursive=True):
+            try:
+                if process.cmdline()[:1] and process.cmdline()[0].startswith(f"ray::{name}"):
+                    action(process.pid)
+                    return
+            except psutil.Error:
+                continue
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_hung_worker_is_named_within_the_hang_deadline(shared_ray: None, tmp_path: Path) -> None:
+    plan = resolve(compose_run([*TINY, "runner.max_steps=500", "runner.hang_timeout_s=10"]))
+    stopped: list[float] = []
+    watcher = _once_training(
+        tmp_path, "EnvWorker", lambda pid: (os.kill(pid, signal.SIGSTOP), stopped.append(time.monotonic()))
+    )
+    with pytest.raises(WorkerTimeout, match=r"group 'env' rank \d: interact\(\) did not finish within 10 s \(hung"):
+        train(plan, tmp_path, {})
+    watcher.join()
+    assert stopped and time.monotonic() - stopped[0] < 2 * 10 + RAY_EXIT_S
+
+
+def test_a_killed_worker_is_named_at_once(shared_ray: None, tmp_path: Path) -> None:
+    plan = resolve(compose_run([*TINY, "runner.max_steps=500"]))
+    watcher = _once_training(tmp_path, "RolloutWorker", lambda pid: os.kill(pid, signal.SIGKILL))
+    with pytest.raises(WorkerError, match=r"group 'rollout' rank \d: \w+\(\) failed: the worker process died"):
+        train(plan, tmp_path, {})
+    watcher.join()
+
+
+def test_sigterm_finishes_the_step_writes_a_checkpoint_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    sessions_before = set(Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray").glob("session_2*"))
+    command = [sys.executable, "-m", "rlplace.train", *TINY, "runner.max_steps=500", f"hydra.run.dir={tmp_path}"]
+    driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    processes = psutil.Process(driver.pid).children(recursive=True)
+    driver.send_signal(signal.SIGTERM)
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "rlplace: SIGTERM received: finishing this step, writing a checkpoint" in err
+    assert "rlplace: stopped by SIGTERM" in out
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    saved = checkpoint.latest(tmp_path / checkpoint.FOLDER)
+    assert saved is not None and checkpoint.step_of(saved) == len(rows) < 500
+    checkpoint.verify(saved)
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
+    assert set(Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray").glob("session_2*")) <= sessions_before
