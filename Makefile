@@ -24,8 +24,10 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/rlplace-train $(ARGS)
 
+# Two pytest workers, a test file each at a time: most of a run's wall time is Ray and worker processes starting,
+# which overlaps well even on 2 cores. Any crash dumps the Python stacks (PYTHONFAULTHANDLER).
 test: $(STAMP)
-	PYTHONFAULTHANDLER=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+	PYTHONFAULTHANDLER=1 $(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # The unit tests alone (no end-to-end training run, no Ray): under a minute.
 test-fast: $(STAMP)

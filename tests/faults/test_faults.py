@@ -30,6 +30,7 @@ from rlplace.scheduler import Cluster, WorkerError, WorkerTimeout
 from rlplace.scheduler.cluster import RAY_EXIT_S
 from rlplace.train import RUN_INFO, train
 
+RAY_TEMP = Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray")
 TINY = ["task.total_num_envs=4", "rollout.num_steps=16", "algorithm.num_minibatches=2", "logger=jsonl"]
 
 
@@ -144,7 +145,7 @@ def test_a_hung_worker_is_named_within_the_hang_deadline(shared_ray: None, tmp_p
     watcher = _once_training(
         tmp_path, "EnvWorker", lambda pid: (os.kill(pid, signal.SIGSTOP), stopped.append(time.monotonic()))
     )
-    with pytest.raises(WorkerTimeout, match=r"group 'env' rank \d: interact\(\) did not finish within 10 s \(hung"):
+    with pytest.raises(WorkerTimeout, match=r"group 'env' rank \d: \w+\(\) did not finish within 10 s \(hung"):
         train(plan, tmp_path, {})
     watcher.join()
     assert stopped and time.monotonic() - stopped[0] < 2 * 10 + RAY_EXIT_S
@@ -159,7 +160,6 @@ def test_a_killed_worker_is_named_at_once(shared_ray: None, tmp_path: Path) -> N
 
 
 def test_sigterm_finishes_the_step_writes_a_checkpoint_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    sessions_before = set(Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray").glob("session_2*"))
     command = [sys.executable, "-m", "rlplace.train", *TINY, "runner.max_steps=500", f"hydra.run.dir={tmp_path}"]
     driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "metrics.jsonl"
@@ -167,6 +167,8 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_leaves_nothing_behind
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.monotonic() < deadline:
         time.sleep(0.2)
     processes = psutil.Process(driver.pid).children(recursive=True)
+    session = list(RAY_TEMP.glob(f"session_*_{driver.pid}"))  # Ray names a session after the process that started it
+    assert len(session) == 1
     driver.send_signal(signal.SIGTERM)
     out, err = driver.communicate(timeout=120)
     assert driver.returncode == 128 + signal.SIGTERM, err[-2000:]
@@ -178,4 +180,4 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_leaves_nothing_behind
     checkpoint.verify(saved)
     _, alive = psutil.wait_procs(processes, timeout=10)
     assert not alive, [p.cmdline() for p in alive]
-    assert set(Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray").glob("session_2*")) <= sessions_before
+    assert not session[0].exists()

@@ -5,16 +5,30 @@ all starting from the same model folder, then the loop. The reasoning counterpar
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from rlplace.core import checkpoint
 from rlplace.metrics import MetricLogger
 from rlplace.placement import HybridComponentPlacement
-from rlplace.reasoning.config import ReasoningConfig
+from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.pretrain import pretrained_model_path
 from rlplace.reasoning.runner import ReasoningRunner
 from rlplace.reasoning.workers import InferenceWorker, LLMActorWorker, LLMRolloutWorker, RewardWorker
 from rlplace.scheduler import Cluster, WorkerGroup
+
+MODEL_SHAPE_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
+"""The fields of a model folder's config.json that fix the shapes of its weights."""
 
 
 def train(
@@ -22,11 +36,11 @@ def train(
 ) -> dict[str, float]:
     """Find (or pretrain) the starting model, start the groups, run the loop; returns the last step's metrics plus
     `run/*` and `eval/accuracy_{before,after}`."""
-    model_path = str(pretrained_model_path(cfg))
+    model_path = pretrained_model_path(cfg)
     placement = HybridComponentPlacement(cfg, cluster)
 
     def launch(worker: type, name: str, *args: object) -> WorkerGroup:
-        return worker.create_group(cfg, model_path, *args).launch(
+        return worker.create_group(cfg, str(model_path), *args).launch(
             cluster, name=name, placement_strategy=placement.get_strategy(name)
         )
 
@@ -43,10 +57,29 @@ def train(
         placement=placement,
         run_dir=run_dir,
         logger=logger,
+        identity=checkpoint_identity(cfg, model_path),
         history=history,
     )
     runner.init_workers()
     return runner.run()
+
+
+def checkpoint_identity(cfg: ReasoningConfig, model_path: Path) -> dict[str, Any]:
+    """What a checkpoint must share with the run that resumes it: the prompts per step (which prompts and sample
+    ids each step draws), the algorithm (whether there is a critic to restore) and the model's shapes (the saved
+    weights must fit)."""
+    model = json.loads((model_path / "config.json").read_text())
+    return {
+        "task.prompts_per_step": cfg.task.prompts_per_step,
+        "algorithm.name": cfg.algorithm.name,
+        **{f"the model's {key}": model.get(key) for key in MODEL_SHAPE_KEYS},
+    }
+
+
+def check_checkpoint(cfg: ReasoningConfig, folder: Path) -> None:
+    """Refuse, before any worker starts, a checkpoint this run cannot continue exactly (ConfigError, one line); a tiny
+    LM not cached yet is pretrained first, as the run would."""
+    checkpoint.check_identity(folder, FAMILY, checkpoint_identity(cfg, pretrained_model_path(cfg)))
 
 
 def run_labels(cfg: ReasoningConfig) -> dict[str, Any]:
@@ -59,7 +92,7 @@ def summary(cfg: ReasoningConfig, mode: str, final: dict[str, float], run_dir: P
     line = (
         f"rlplace: done: {mode} placement, held-out accuracy "
         f"{final['eval/accuracy_before']:.3f} -> {final['eval/accuracy_after']:.3f} after "
-        f"{cfg.runner.max_steps} steps, {final['run/train_seconds']:.0f} s of training, "
+        f"{final['run/steps']:.0f} steps, {final['run/train_seconds']:.0f} s of training, "
         f"{final['run/tokens_per_s']:.0f} tokens/s; outputs (and final_model/) in {run_dir}"
     )
     return line, final["eval/accuracy_after"]

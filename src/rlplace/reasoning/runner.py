@@ -13,19 +13,26 @@ Before each phase the switch plan offloads the idle components that share device
 the working ones (`core.runner.PhaseSwitcher`). Greedy accuracy on the held-out split is measured before the first
 step, every `runner.eval_interval` steps and after the last; the trained policy is written as a Hugging Face folder
 at the end.
+
+Checkpoints (every `runner.save_interval` steps and after the last) hold the actor's state and the loop's counters,
+and nothing of the other groups: their weights are the actor's, broadcast at the start of every step; prompts are
+a pure function of (task.data_seed, step) and sampling noise of (runner.seed, sample id), so a run resumed from
+step k generates, scores and trains exactly as the uninterrupted one did from step k.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from rlplace.core import checkpoint, preemption
 from rlplace.core.runner import PhaseSwitcher, collect_spans, open_channels, placement_timeline
 from rlplace.metrics import MetricLogger, PhaseTimer, TrainingProgress, throughput_metrics
 from rlplace.placement import ComponentPlacement
-from rlplace.reasoning.config import COMPONENTS, ReasoningConfig
+from rlplace.reasoning.config import COMPONENTS, FAMILY, ReasoningConfig
 from rlplace.scheduler import Channel, WorkerGroup, wait_all
 
 PHASES = (
@@ -50,7 +57,9 @@ class Channels(NamedTuple):
 
 
 class ReasoningRunner:
-    """Drives the rollout, reward, inference and actor groups; owns metrics, timeline and the final model."""
+    """Drives the rollout, reward, inference and actor groups; owns metrics, timeline, checkpoints and the final
+    model. `identity` is what a checkpoint must share with a run that resumes it (`launch.checkpoint_identity`); it is
+    recorded in each checkpoint for `launch.check_checkpoint`."""
 
     def __init__(
         self,
@@ -63,6 +72,7 @@ class ReasoningRunner:
         placement: ComponentPlacement,
         run_dir: Path,
         logger: MetricLogger,
+        identity: dict[str, Any],
         history: list[dict[str, float]] | None = None,
     ) -> None:
         self.cfg, self.actor, self.rollout, self.reward, self.inference = cfg, actor, rollout, reward, inference
@@ -80,33 +90,57 @@ class ReasoningRunner:
         """(step, greedy held-out accuracy) at every evaluation."""
         self.eval_seconds = 0.0
         self.version = 0
+        """The actor's weight version (its updates so far); the rollout and inference groups hold it after a sync."""
+        self.start_step = 0
+        self.identity = identity
+        self.checkpoint_root = run_dir / checkpoint.FOLDER
 
     def init_workers(self) -> None:
-        """Nothing to restore: reasoning runs start from the model folder (resuming is the embodied runner's)."""
+        """Restore from `runner.resume` if it names a checkpoint: the actor's state, the weight version and the
+        accuracy history, whose first entry is the evaluation before the first step (not run again)."""
+        resume = checkpoint.resolve_resume(self.cfg.runner.resume, self.checkpoint_root)
+        if resume is None:
+            return
+        self.actor.load_checkpoint(str(resume)).wait()
+        state = json.loads((resume / checkpoint.STATE_FILE).read_text())
+        self.start_step, self.version = state["step"], state["version"]
+        self.accuracy = [(step, accuracy) for step, accuracy in state["accuracy"]]
+        print(f"rlplace: resumed from {resume} at step {self.start_step}")
 
     def run(self) -> dict[str, float]:
-        """Train `runner.max_steps` steps; returns the last step's metrics plus the accuracy before and after."""
+        """Train `runner.max_steps` steps, or until the run is preempted (SIGTERM, Ctrl-C); returns the last step's
+        metrics plus the accuracy before and after. The last step is always checkpointed; a preempted run is not
+        evaluated out of schedule, so that its resumption logs what the uninterrupted run would have."""
         cfg = self.cfg.runner
         metrics: dict[str, float] = {}
-        self.evaluate(0)
+        if self.start_step == 0:
+            self.evaluate(0)
         start, tokens = time.perf_counter(), 0.0
         with (
             open_channels(Channels, generated=0, scored=0, ready=0) as channels,
             TrainingProgress(cfg.max_steps, fields=PROGRESS_FIELDS, every=max(1, cfg.eval_interval)) as progress,
         ):
-            for step in range(cfg.max_steps):
+            progress.update(self.start_step)
+            for step in range(self.start_step, cfg.max_steps):
                 metrics = self.step(step, channels)
                 tokens += metrics["rollout/response_tokens"]
-                if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_steps:
+                last = step + 1 == cfg.max_steps
+                if (step + 1) % cfg.eval_interval == 0 or last:
                     metrics["eval/accuracy"] = self.evaluate(step + 1)
                 self.logger.log(metrics, step)
                 self.history.append(metrics)
                 progress.update(step + 1, metrics)
+                done = last or preemption.requested()
+                if done or (cfg.save_interval and (step + 1) % cfg.save_interval == 0):
+                    self.save_checkpoint(step + 1)
+                if done:
+                    break
         elapsed = time.perf_counter() - start - self.eval_seconds
         self.timeline.write(self.run_dir / "timeline.json")
         self.actor.execute_on(0).save_model(str(self.run_dir / "final_model")).wait()
         metrics["run/tokens_per_s"] = tokens / elapsed
         metrics["run/train_seconds"] = elapsed
+        metrics["run/steps"] = self.version  # one update per step: fewer than max_steps when preempted
         metrics["eval/accuracy_before"] = self.accuracy[0][1]
         metrics["eval/accuracy_after"] = self.accuracy[-1][1]
         return metrics
@@ -167,6 +201,7 @@ class ReasoningRunner:
     def run_training(self, step: int) -> dict[str, float]:
         with self.timer.phase("training"):
             per_rank = self.actor.run_training(step).wait()
+        self.version += 1  # the actor's weights have had one more update (a checkpoint records this version)
         return {key: statistics.fmean(stats[key] for stats in per_rank) for key in per_rank[0]}
 
     def record(self, t0: float, rollout: dict[str, float], train: dict[str, float]) -> dict[str, float]:
@@ -184,3 +219,19 @@ class ReasoningRunner:
         metrics["rollout/response_length"] = tokens / rollout["rows"]
         metrics["rollout/response_tokens"] = tokens
         return metrics
+
+    def save_checkpoint(self, step: int) -> Path:
+        """The actor's state and the runner's counters after `step` steps (its evaluation included): one atomic
+        folder."""
+        with self.timer.phase("checkpoint"):
+            tmp = checkpoint.staging_dir(self.checkpoint_root, step)
+            self.actor.save_checkpoint(str(tmp)).wait()
+            state = {
+                "family": FAMILY,
+                "step": step,
+                "version": self.version,
+                "accuracy": self.accuracy,
+                "identity": self.identity,
+            }
+            (tmp / checkpoint.STATE_FILE).write_text(json.dumps(state))
+            return checkpoint.commit(tmp)

@@ -2,15 +2,18 @@
 
 Each rank trains on the micro-batches routed to it (m % world_size == rank); gradients are averaged over ranks
 before every optimizer step, and minibatches are drawn by a generator seeded identically everywhere, so the
-ranks stay identical. Rank 0 broadcasts the weights to the rollout and inference groups and writes the final
-model as an ordinary Hugging Face folder.
+ranks stay identical. Rank 0 broadcasts the weights to the rollout and inference groups, writes checkpoints and
+writes the final model as an ordinary Hugging Face folder.
 """
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -24,6 +27,9 @@ from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.streams import micro_batches_of
 from rlplace.reasoning.update import compute_advantages, llm_update
 from rlplace.scheduler import Channel, Worker, timer
+
+STATE_FILE = "actor.pt"
+"""The actor's part of a checkpoint folder."""
 
 
 class LLMActorWorker(Worker):
@@ -116,6 +122,37 @@ class LLMActorWorker(Worker):
     def _average_grads(self, module: nn.Module) -> None:
         average_grads([p.grad for p in module.parameters() if p.grad is not None], self.world_size)
 
+    def save_checkpoint(self, folder: str) -> None:
+        """Rank 0 writes the policy (and critic) with their optimizers, the minibatch generator, the process's RNG
+        states and the weight version into `folder`: every rank holds the same ones, and a resumed update then
+        shuffles, steps and draws exactly as the uninterrupted one would."""
+        if self.rank != 0:
+            return
+        state = {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "rng": rng_states(),
+            "version": self.version,
+        }
+        if self.critic is not None and self.critic_optimizer is not None:
+            state["critic"] = self.critic.state_dict()
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+        torch.save(state, Path(folder) / STATE_FILE)
+
+    def load_checkpoint(self, folder: str) -> None:
+        """Every rank restores what rank 0 wrote. Loaded to CPU: the generator's state must stay there, and
+        `load_state_dict` copies weights and optimizer moments onto the devices of the live parameters."""
+        state = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=False)
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.critic is not None and self.critic_optimizer is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.generator.set_state(state["generator"])
+        set_rng_states(state["rng"])
+        self.version = state["version"]
+
     def save_model(self, folder: str) -> None:
         """Rank 0 writes the policy and tokenizer as a Hugging Face folder, atomically (temporary folder, rename)."""
         if self.rank != 0:
@@ -141,3 +178,21 @@ class LLMActorWorker(Worker):
         if self.critic is not None:
             moved += move(self.critic, self.critic_optimizer, self.device).bytes
         return moved
+
+
+def rng_states() -> dict[str, Any]:
+    """The process-wide random states (torch, CUDA where present, numpy, Python), to be put back by `set_rng_states`.
+    The update draws only from its own generator, but a model with dropout draws from torch's stream; numpy's and
+    Python's are carried along for any code that draws from them (nothing here seeds or reads them)."""
+    states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])
