@@ -3,10 +3,14 @@
 A stateful RNG would make sampled actions depend on how sub-envs are split over rollout workers and pipeline stages
 (each worker would draw from its own stream in its own order). Hashing the key instead makes the noise for env i at
 step t the same wherever and whenever it is drawn. The hash is splitmix64 (Steele et al., 2014), chained over the key
-parts, in wrapping numpy uint64 arithmetic.
+parts, in wrapping numpy uint64 arithmetic. The process-wide random states, which checkpoints save and restore, are
+here too.
 """
 
 from __future__ import annotations
+
+import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,3 +50,21 @@ def uniform_noise(seed: int, env_indices: torch.Tensor | np.ndarray, step: int, 
     k = bits >> np.uint64(64 - _MANTISSA_BITS)
     u = (2.0 * k.astype(np.float64) + 1.0) / float(1 << (_MANTISSA_BITS + 1))
     return torch.from_numpy(u.astype(np.float32))
+
+
+def rng_states() -> dict[str, Any]:
+    """The process-wide random states (torch, CUDA where present, numpy, Python), to be put back by `set_rng_states`.
+    The updates draw from their own generators, but a model with dropout draws from torch's stream; numpy's and
+    Python's are carried along for any code that draws from them (nothing here seeds or reads them)."""
+    states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])

@@ -13,6 +13,7 @@ import torch
 
 from rlplace.core.gradients import average_grads
 from rlplace.core.offload import move
+from rlplace.core.rng import rng_states, set_rng_states
 from rlplace.core.weights import broadcast_weights
 from rlplace.embodied.advantages import compute_advantages
 from rlplace.embodied.config import EmbodiedConfig
@@ -108,7 +109,7 @@ class ActorWorker(Worker):
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
-            "torch_rng": torch.get_rng_state(),
+            "rng": rng_states(),
             "version": self.version,
         }
         torch.save(state, Path(folder) / "actor.pt")
@@ -118,5 +119,5 @@ class ActorWorker(Worker):
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
+        set_rng_states(state["rng"])
         self.version = state["version"]

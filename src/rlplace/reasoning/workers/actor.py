@@ -8,17 +8,15 @@ writes the final model as an ordinary Hugging Face folder.
 
 from __future__ import annotations
 
-import random
 import shutil
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from rlplace.core.gradients import average_grads
 from rlplace.core.offload import move
+from rlplace.core.rng import rng_states, set_rng_states
 from rlplace.core.weights import broadcast_weights
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
@@ -178,21 +176,3 @@ class LLMActorWorker(Worker):
         if self.critic is not None:
             moved += move(self.critic, self.critic_optimizer, self.device).bytes
         return moved
-
-
-def rng_states() -> dict[str, Any]:
-    """The process-wide random states (torch, CUDA where present, numpy, Python), to be put back by `set_rng_states`.
-    The update draws only from its own generator, but a model with dropout draws from torch's stream; numpy's and
-    Python's are carried along for any code that draws from them (nothing here seeds or reads them)."""
-    states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    np.random.set_state(states["numpy"])
-    random.setstate(states["python"])
-    if "cuda" in states:
-        torch.cuda.set_rng_state_all(states["cuda"])
