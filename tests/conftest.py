@@ -10,10 +10,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from rlplace.core.config import CONF_DIR
 from rlplace.families import register
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = ROOT / "conf"
 
 
 def group_options(group: str) -> list[str]:

@@ -81,6 +81,13 @@ def check_overrides(argv: list[str]) -> None:
         parsed = OverridesParser.create().parse_overrides([arg for arg in argv if not arg.startswith("-")])
     except HydraException as err:
         fail(describe_compose_error(err))
+    groups = sorted(path.name for path in CONF_DIR.iterdir() if path.is_dir())
+    for override in parsed:
+        if override.is_delete() and override.key_or_group in groups:
+            group = override.key_or_group
+            options = "|".join(sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml")))
+            hint = "; logger=none turns logging off" if group == "logger" else ""
+            fail(f"~{group}: a config group cannot be removed, choose one of its options ({group}={options}){hint}")
     fixed = [override.input_line for override in parsed if not override.is_sweep_override()]
     sweeps = [override for override in parsed if override.is_sweep_override()]
     for override in sweeps:

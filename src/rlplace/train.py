@@ -11,9 +11,11 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -28,6 +30,8 @@ from rlplace.scheduler import Cluster, ClusterError
 
 register()
 
+SKIPPED = "skipped.txt"
+"""Written in place of a run by a multirun job whose combination cannot run (with the reason)."""
 RUN_INFO = "run.json"
 """What the sweep report needs to label a run: its mode, device budget, and the family's labels (stages)."""
 
@@ -58,7 +62,7 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
             project=wandb.project,
             name="-".join([mode, *tags, run_dir.name]),
             group=wandb.group,
-            tags=[*wandb.tags, plan.family.name, mode, *tags],
+            tags=[*wandb.tags, plan.family.name, cfg.task.name, mode, *tags],
             mode=wandb.mode,
             start_step=0 if resume is None else checkpoint.step_of(resume),
         )
@@ -85,12 +89,14 @@ def run(cfg: DictConfig) -> float | None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         plan = resolve(cfg)
+        if hydra_cfg.mode == RunMode.MULTIRUN and plan.cfg.logger.wandb.group is None:
+            plan.cfg.logger.wandb.group = sweep_group(hydra_cfg)
         final = train(plan, run_dir, OmegaConf.to_container(cfg, resolve=True))
     except (ConfigError, PlacementError, ClusterError) as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             # One combination of a sweep that this cluster cannot hold: skip it, keep sweeping.
             print(f"rlplace: skipping job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}): {err}")
-            (run_dir / "skipped.txt").write_text(f"{err}\n")
+            (run_dir / SKIPPED).write_text(f"{err}\n")
             return None
         fail(str(err))
     line, objective = plan.launcher.summary(plan.cfg, plan.placement.mode, final, run_dir)
@@ -103,6 +109,23 @@ def run(cfg: DictConfig) -> float | None:
         )
         sys.exit(128 + stopped_by)
     return objective
+
+
+class EveryJobSkipped(Callback):
+    """Ends a multirun in which no job ran (every combination refused) with exit code 2 instead of 0."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        jobs = [path.parent for path in sweep_dir.glob("*/.hydra")]
+        if jobs and all((job / SKIPPED).exists() for job in jobs):
+            fail(f"every job of the multirun in {sweep_dir} was skipped (reasons: {sweep_dir}/*/{SKIPPED})")
+
+
+def sweep_group(hydra_cfg: Any) -> str:
+    """The wandb group of a multirun's jobs: the sweep preset's name (or `multirun`) and the multirun's start time,
+    so that each sweep is a group of its own."""
+    name = hydra_cfg.runtime.choices.get("sweep") or "multirun"
+    return "-".join([name, *Path(hydra_cfg.sweep.dir).parts[-2:]])
 
 
 def main() -> None:

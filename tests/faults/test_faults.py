@@ -56,6 +56,7 @@ def one_line(text: str) -> str:
         (["runner.max_stepz=3"], "Could not override 'runner.max_stepz'"),
         (["-m", "placement=collocated,fooo"], "Could not find 'placement/fooo'"),
         (["runner.max_steps=["], "no viable alternative at input '['"),
+        (["~logger"], "~logger: a config group cannot be removed, choose one of its options (logger=jsonl|none|wandb)"),
     ],
 )
 def test_composition_errors_exit_2_with_one_line(capsys, args: list[str], message: str) -> None:
@@ -73,6 +74,15 @@ def test_an_output_folder_that_cannot_be_written_exits_2_naming_it(capsys, tmp_p
         check_overrides([f"hydra.run.dir={blocker}/run"])
     assert exit_info.value.code == 2
     assert f"hydra.run.dir = '{blocker}/run': cannot write the run's outputs there" in one_line(capsys.readouterr().err)
+
+
+def test_a_multirun_in_which_every_job_is_skipped_exits_2(tmp_path: Path) -> None:
+    result = rlplace_train(
+        "-m", "cluster.num_devices_per_node=1", "placement=hybrid,disaggregated", f"hydra.sweep.dir={tmp_path}"
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"rlplace: error: every job of the multirun in {tmp_path} was skipped" in result.stderr
+    assert len(list(tmp_path.glob("*/skipped.txt"))) == 2
 
 
 def test_an_unreachable_cluster_exits_2_naming_the_address_without_hanging(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The shared run schema: what every run has, whatever its task family.
 
-A run's config is composed by Hydra from `conf/train.yaml`. Its primary schema (`TrainSchema`) types the shared
+A run's config is composed by Hydra from `rlplace/conf/train.yaml`. Its primary schema (`TrainSchema`) types the shared
 sections here; the family sections (`task`, `model`, `algorithm`, `rollout`, ...) are typed by their option files,
 each of which starts from its family's base dataclass in the ConfigStore (Hydra's schema-per-option pattern), so a
 wrong key or type is refused while composing. `to_typed` then builds the family's own dataclass (for example
@@ -11,8 +11,10 @@ starts.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
+from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,8 +25,14 @@ from rlplace.core.errors import ConfigError, check, check_choice
 
 T = TypeVar("T")
 
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
-"""The Hydra config tree at the repository root (the project installs editable)."""
+CONF_DIR = Path(str(resources.files("rlplace") / "conf"))
+"""The Hydra config tree, package data of `rlplace`: found the same way in a checkout and in an installed wheel."""
+
+
+def output_root() -> Path:
+    """Where runs and caches go: `$RLPLACE_OUTPUT_DIR`, else `outputs/` in the launch folder (as train.yaml's run
+    folders do), so a job scheduler can point every run of a project at one place."""
+    return Path(os.environ.get("RLPLACE_OUTPUT_DIR", "outputs"))
 
 
 @dataclass
@@ -203,7 +211,7 @@ class RunConfig:
 
 @dataclass
 class TrainSchema(RunConfig):
-    """Hydra's primary schema (`train_schema` in conf/train.yaml): the shared sections typed here, the family
+    """Hydra's primary schema (`train_schema` in rlplace/conf/train.yaml): the shared sections typed here, the family
     sections typed by the schema their option file starts from; `actor` and `env` are set by placement presets."""
 
     task: Any = MISSING

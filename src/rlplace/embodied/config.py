@@ -1,8 +1,9 @@
 """The embodied family's schema: a simulator task, an MLP policy, PPO, and policy inference as the rollout.
 
-Each section is the base dataclass that the option files of its config group start from (`conf/task/cartpole.yaml`
-begins with `defaults: [/schema/task/embodied@_here_]`), and `EmbodiedConfig` is the whole run that `to_typed`
-builds. Field checks sit next to the fields; checks that need the placement are in `checks.py`.
+Each section is the base dataclass that the option files of its config group start from
+(`rlplace/conf/task/cartpole.yaml` begins with `defaults: [/schema/task/embodied@_here_]`), and `EmbodiedConfig` is the
+whole run that `to_typed` builds. Field checks sit next to the fields; checks that need the placement are in
+`checks.py`.
 """
 
 from __future__ import annotations

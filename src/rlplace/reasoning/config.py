@@ -1,9 +1,10 @@
 """The reasoning family's schema: a task with a verifiable answer, a causal LM, GRPO/PPO/REINFORCE++, and LLM
 generation as the rollout.
 
-Each section is the base dataclass that the option files of its config group start from (`conf/task/arithmetic.yaml`
-begins with `defaults: [/schema/task/reasoning@_here_]`), and `ReasoningConfig` is the whole run that `to_typed`
-builds. Field checks sit next to the fields; checks that need the placement are in `checks.py`.
+Each section is the base dataclass that the option files of its config group start from
+(`rlplace/conf/task/arithmetic.yaml` begins with `defaults: [/schema/task/reasoning@_here_]`), and `ReasoningConfig` is
+the whole run that `to_typed` builds. Field checks sit next to the fields; checks that need the placement are in
+`checks.py`.
 """
 
 from __future__ import annotations

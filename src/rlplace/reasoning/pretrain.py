@@ -1,12 +1,13 @@
 """Supervised pretraining of the tiny LM on its task, up to partial accuracy, cached so that RL starts from it.
 
-RL with a verifiable reward learns nothing from a model that never answers correctly (every reward is 0, every
-group-normalised advantage is 0), and has nothing left to learn from one that always does. So a freshly built tiny
-LM is first fine-tuned on (prompt, answer) pairs of its task until greedy exact-match accuracy on the held-out split
-reaches `model.pretrain.target_accuracy`, and RL starts from there. The result depends only on the problems, the
-model shape and the pretraining config, so it is made once per such combination and cached under
-`outputs/pretrained/`, keyed by a hash of exactly those fields; every run (and every placement) then starts from the
-same weights. The folder appears atomically: a crashed or concurrent pretraining never leaves a half-written one.
+RL with a verifiable reward learns nothing from a model that never answers correctly (every reward is 0, every group-
+normalised advantage is 0), and has nothing left to learn from one that always does. So a freshly built tiny LM is first
+fine-tuned on (prompt, answer) pairs of its task until greedy exact-match accuracy on the held-out split reaches
+`model.pretrain.target_accuracy`, and RL starts from there. The result depends only on the problems, the model shape and
+the pretraining config, so it is made once per such combination and cached under `outputs/pretrained/` (or
+`$RLPLACE_OUTPUT_DIR/pretrained/`), keyed by a hash of exactly those fields; every run (and every placement) then starts
+from the same weights. The folder appears atomically: a crashed or concurrent pretraining never leaves a half-written
+one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rlplace.core.config import output_root
 from rlplace.core.errors import check
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.hf_folder import check_model_folder
@@ -34,7 +36,6 @@ from rlplace.reasoning.tasks.prompts import Problem, verify
 
 log = logging.getLogger(__name__)
 
-CACHE_ROOT = Path("outputs/pretrained")
 STATS_FILE = "pretrain.json"
 """Written into the model folder: accuracy before and after, steps, seconds, the eval history and the keyed config."""
 IGNORE_INDEX = -100
@@ -70,7 +71,7 @@ def cache_key(cfg: ReasoningConfig) -> str:
     return hashlib.sha256(json.dumps(cache_config(cfg), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def pretrained_model_path(cfg: ReasoningConfig, cache_root: Path = CACHE_ROOT) -> Path:
+def pretrained_model_path(cfg: ReasoningConfig, cache_root: Path | None = None) -> Path:
     """The model folder a reasoning run starts from.
 
     `model.path` when set (checked with check_model_folder); for `model.name == tiny_lm` without a path, the cached
@@ -84,7 +85,8 @@ def pretrained_model_path(cfg: ReasoningConfig, cache_root: Path = CACHE_ROOT) -
         None,
         "a local Hugging Face model folder (only model=tiny_lm is built)",
     )
-    folder = Path(cache_root) / f"tiny_lm-{cfg.task.name}-{cache_key(cfg)}"
+    root = output_root() / "pretrained" if cache_root is None else Path(cache_root)
+    folder = root / f"tiny_lm-{cfg.task.name}-{cache_key(cfg)}"
     if (folder / STATS_FILE).is_file():
         log.info("pretrained model: %s (cached)", folder)
         return folder
