@@ -8,6 +8,7 @@ accuracy for reasoning runs) for Hydra's sweepers.
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -26,12 +27,14 @@ from rlplace.core.errors import ConfigError
 from rlplace.families import Plan, register, resolve
 from rlplace.metrics import build_logger, summarize
 from rlplace.placement import ComponentPlacement, PlacementError
-from rlplace.scheduler import Cluster, ClusterError
+from rlplace.scheduler import ClusterError
 
 register()
 
 SKIPPED = "skipped.txt"
 """Written in place of a run by a multirun job whose combination cannot run (with the reason)."""
+log = logging.getLogger("rlplace")
+"""The run's messages: on the console and, through Hydra's job logging, in the run folder's train.log."""
 RUN_INFO = "run.json"
 """What the sweep report needs to label a run: its mode, device budget, and the family's labels (stages)."""
 
@@ -43,11 +46,17 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
     it, both before any worker starts. SIGTERM or Ctrl-C during the run end it after the current step, with a
     checkpoint (`preemption`).
     """
+    from rlplace.scheduler import Cluster  # Ray is imported when a run starts: `--help` and TAB completion stay quick
+
     cfg, mode, launcher = plan.cfg, plan.placement.mode, plan.launcher
     resume = checkpoint.resolve_resume(cfg.runner.resume, run_dir / checkpoint.FOLDER)
     if resume is not None:
         launcher.check_checkpoint(cfg, resume)
     cfg.runner.resume = None if resume is None else str(resume)  # `auto` resolved once, here, for every worker
+    devices = "; ".join(
+        f"device {device}: {', '.join(names) or 'idle'}" for device, names in plan.placement.device_sharing().items()
+    )
+    log.info(f"rlplace: {mode} {plan.family.name} run of {cfg.task.name} ({devices}); outputs in {run_dir}")
     labels = launcher.run_labels(cfg)
     tags = [f"{key}{value}" for key, value in labels.items()]
     history: list[dict[str, float]] = []
@@ -95,15 +104,15 @@ def run(cfg: DictConfig) -> float | None:
     except (ConfigError, PlacementError, ClusterError) as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             # One combination of a sweep that this cluster cannot hold: skip it, keep sweeping.
-            print(f"rlplace: skipping job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}): {err}")
+            log.warning(f"rlplace: skipping job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}): {err}")
             (run_dir / SKIPPED).write_text(f"{err}\n")
             return None
         fail(str(err))
     line, objective = plan.launcher.summary(plan.cfg, plan.placement.mode, final, run_dir)
-    print(line)
+    log.info(line)
     stopped_by = preemption.received()
     if stopped_by is not None:
-        print(
+        log.warning(
             f"rlplace: stopped by {signal.Signals(stopped_by).name} after a checkpoint; to continue, run the same "
             f"command with runner.resume=auto hydra.run.dir={run_dir}"
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import signal
@@ -201,15 +202,16 @@ def compared(row: dict[str, float]) -> dict[str, float]:
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["collocated"])
 def test_resume_continues_exactly(
-    variant: str, runs: dict[str, Run], model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    variant: str, runs: dict[str, Run], model_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     full = runs[variant]
     first_checkpoint = published(full, full.run_dir / "checkpoints" / "step_000001")
     overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS[variant]]
     plan = resolve(compose_run([*overrides, f"runner.resume={first_checkpoint}"]))
     check_checkpoint(plan.cfg, first_checkpoint)
-    train(plan, tmp_path, resolved_config={})
-    assert f"rlplace: resumed from {first_checkpoint} at step 1" in capsys.readouterr().out
+    with caplog.at_level(logging.INFO):
+        train(plan, tmp_path, resolved_config={})
+    assert f"rlplace: resumed from {first_checkpoint} at step 1" in caplog.messages
     full.finished()
     state = json.loads((first_checkpoint / "runner.json").read_text())
     assert (state["family"], state["step"], state["version"]) == ("reasoning", 1, 1)

@@ -14,6 +14,7 @@ onloads the working ones (`core.runner.PhaseSwitcher`).
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import time
 from collections import deque
@@ -37,6 +38,8 @@ PHASES = (
 )
 """The phases of a step and the components that hold device memory in each (the actor only collects CPU
 trajectories while generating, so it may be offloaded then)."""
+
+log = logging.getLogger(__name__)
 
 
 class Channels(NamedTuple):
@@ -93,7 +96,7 @@ class EmbodiedRunner:
         self.start_step = state["step"]
         self.total_env_steps = state["total_env_steps"]
         self.recent_returns.extend(state["recent_returns"])
-        print(f"rlplace: resumed from {resume} at step {self.start_step}")
+        log.info(f"rlplace: resumed from {resume} at step {self.start_step}")
 
     def run(self) -> dict[str, float]:
         """Train `runner.max_steps` steps, or until the task is solved or the run is preempted (SIGTERM, Ctrl-C);

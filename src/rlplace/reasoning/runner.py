@@ -23,6 +23,7 @@ step k generates, scores and trains exactly as the uninterrupted one did from st
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import time
 from pathlib import Path
@@ -43,6 +44,8 @@ PHASES = (
 """The phases of a step and the components that hold device memory in each (the actor only collects finished
 micro-batches while the others generate, so it may be offloaded then)."""
 PROGRESS_FIELDS = {"eval/accuracy": "accuracy", "rollout/reward": "reward", "throughput/tokens_per_s": "tokens/s"}
+
+log = logging.getLogger(__name__)
 
 
 class Channels(NamedTuple):
@@ -105,7 +108,7 @@ class ReasoningRunner:
         state = json.loads((resume / checkpoint.STATE_FILE).read_text())
         self.start_step, self.version = state["step"], state["version"]
         self.accuracy = [(step, accuracy) for step, accuracy in state["accuracy"]]
-        print(f"rlplace: resumed from {resume} at step {self.start_step}")
+        log.info(f"rlplace: resumed from {resume} at step {self.start_step}")
 
     def run(self) -> dict[str, float]:
         """Train `runner.max_steps` steps, or until the run is preempted (SIGTERM, Ctrl-C); returns the last step's
