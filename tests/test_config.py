@@ -27,7 +27,7 @@ MIN_DEVICES = {
     "reasoning_collocated": 1,
     "reasoning_disaggregated": 4,
 }
-CLUSTER_DEVICES = {"local": 2, "single_gpu": 1, "node8": 8, "multinode": 16}
+CLUSTER_DEVICES = {"local": 2, "local4": 4, "single_gpu": 1, "node8": 8, "multinode": 16}
 # The options a run of each family composes with, besides the one under test (conf/train.yaml's are embodied).
 FAMILY_OPTIONS = {
     "embodied": {"task": "cartpole", "model": "mlp_policy", "algorithm": "ppo", "rollout": "policy"},
