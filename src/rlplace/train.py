@@ -110,6 +110,10 @@ def run(cfg: DictConfig) -> float | None:
         fail(str(err))
     line, objective = plan.launcher.summary(plan.cfg, plan.placement.mode, final, run_dir)
     log.info(line)
+    log.info(f"rlplace: timeline {run_dir / 'timeline.json'} (chrome://tracing or ui.perfetto.dev)")
+    wandb_runs = sorted((run_dir / "wandb").glob("*run-*"))
+    if wandb_runs:
+        log.info(f"rlplace: wandb run {wandb_runs[-1]} (offline runs upload with `wandb sync`)")
     stopped_by = preemption.received()
     if stopped_by is not None:
         log.warning(
