@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from rlplace.core import checkpoint, preemption
 from rlplace.core.runner import PhaseSwitcher, collect_spans, open_channels, placement_timeline
+from rlplace.core.watchdog import HangDeadline
 from rlplace.embodied.config import COMPONENTS, FAMILY, EmbodiedConfig
 from rlplace.embodied.envs import EpisodeStats, merge_episode_stats
 from rlplace.metrics import MetricLogger, PhaseTimer, TrainingProgress, throughput_metrics
@@ -80,6 +81,7 @@ class EmbodiedRunner:
         offloadable = {name: getattr(cfg, name).enable_offload for name in COMPONENTS}
         groups = {"actor": actor, "rollout": rollout, "env": env}
         self.switcher = PhaseSwitcher(groups, placement, PHASES, offloadable, self.timer)
+        self.hang_deadline = HangDeadline((actor, rollout, env), cfg.runner.hang_timeout_s)
         self.start_step = 0
         self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
         self.total_env_steps = 0
@@ -111,6 +113,7 @@ class EmbodiedRunner:
             progress.update(self.start_step)
             for step in range(self.start_step, cfg.max_steps):
                 metrics = self.step(step, channels)
+                self.hang_deadline.observe(metrics["time/step"])
                 self.logger.log(metrics, step)
                 self.history.append(metrics)
                 progress.update(step + 1, metrics)

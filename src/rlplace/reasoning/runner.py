@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from rlplace.core import checkpoint, preemption
 from rlplace.core.runner import PhaseSwitcher, collect_spans, open_channels, placement_timeline
+from rlplace.core.watchdog import HangDeadline
 from rlplace.metrics import MetricLogger, PhaseTimer, TrainingProgress, throughput_metrics
 from rlplace.placement import ComponentPlacement
 from rlplace.reasoning.config import COMPONENTS, FAMILY, ReasoningConfig
@@ -89,6 +90,7 @@ class ReasoningRunner:
         offloadable = {"actor": cfg.actor.enable_offload, "rollout": cfg.rollout.enable_offload}
         groups = {"actor": actor, "rollout": rollout, "reward": reward, "inference": inference}
         self.switcher = PhaseSwitcher(groups, placement, PHASES, offloadable, self.timer)
+        self.hang_deadline = HangDeadline((actor, rollout, reward, inference), cfg.runner.hang_timeout_s)
         self.accuracy: list[tuple[int, float]] = []
         """(step, greedy held-out accuracy) at every evaluation."""
         self.eval_seconds = 0.0
@@ -126,6 +128,7 @@ class ReasoningRunner:
             progress.update(self.start_step)
             for step in range(self.start_step, cfg.max_steps):
                 metrics = self.step(step, channels)
+                self.hang_deadline.observe(metrics["time/step"])
                 tokens += metrics["rollout/response_tokens"]
                 last = step + 1 == cfg.max_steps
                 if (step + 1) % cfg.eval_interval == 0 or last:
