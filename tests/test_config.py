@@ -157,7 +157,7 @@ def test_meaningless_values_are_refused_with_key_and_value(compose_cfg, override
 def test_a_preset_section_of_the_other_family_is_refused(compose_cfg) -> None:
     # An embodied placement preset sets `env`, which a reasoning run does not have.
     cfg = compose_cfg(*family_overrides("reasoning"), "placement=collocated")
-    with pytest.raises(ConfigError, match=r"^env = .*: a reasoning run has no env section"):
+    with pytest.raises(ConfigError, match=r"^env = .*: this reasoning run has no env section"):
         resolve(cfg)
 
 

@@ -363,7 +363,7 @@ def test_bad_input_is_refused_before_workers_start(
         ("task.prompts_per_step=8", "it was written with task.prompts_per_step = 4, this run has 8"),
         ("algorithm=grpo", "it was written with algorithm.name = 'ppo', this run has 'grpo'"),
         ("a wider model", "it was written with the model's hidden_size = 64, this run has 128"),
-        ("an embodied run", r"not a checkpoint of a reasoning run \(no reasoning state in its runner.json\)"),
+        ("an embodied run", r"not a checkpoint of the reasoning family \(no reasoning state in its runner.json\)"),
     ],
     ids=["prompts_per_step", "algorithm", "model_shape", "embodied"],
 )

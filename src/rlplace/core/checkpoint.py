@@ -80,7 +80,7 @@ def check_identity(folder: Path, family: str, identity: Mapping[str, Any]) -> No
     except (OSError, ValueError):
         state = {}
     if state.get("family") != family:
-        raise ConfigError(f"{where}: not a checkpoint of a {family} run (no {family} state in its {STATE_FILE})")
+        raise ConfigError(f"{where}: not a checkpoint of the {family} family (no {family} state in its {STATE_FILE})")
     for key, value in identity.items():
         saved = state["identity"].get(key)
         if saved != value:

@@ -270,7 +270,7 @@ def to_typed(cfg: DictConfig, schema: type[T], family: str) -> T:
     for key, value in raw.items():
         if key not in names and value not in (None, MISSING):
             raise ConfigError(
-                f"{key} = {value!r}: a {family} run has no {key} section (valid sections: {', '.join(names)}); "
+                f"{key} = {value!r}: this {family} run has no {key} section (valid sections: {', '.join(names)}); "
                 f"is a preset of the other task family selected?"
             )
     # A section left null (`actor`, `env`: set only by placement presets) keeps the schema's defaults; merging the
