@@ -26,7 +26,7 @@ from rlplace.core.config import CONF_DIR
 from rlplace.core.errors import ConfigError
 from rlplace.families import Plan, register, resolve
 from rlplace.metrics import build_logger, summarize
-from rlplace.placement import ComponentPlacement, PlacementError
+from rlplace.placement import PlacementError
 from rlplace.scheduler import ClusterError
 
 register()
@@ -60,8 +60,11 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
     labels = launcher.run_labels(cfg)
     tags = [f"{key}{value}" for key, value in labels.items()]
     history: list[dict[str, float]] = []
-    load = _processes_per_node(plan.placement)
-    with Cluster(cfg.cluster, call_timeout_s=cfg.runner.hang_timeout_s, load=load) as cluster, preemption.handled():
+    processes = [process for name in plan.placement for process in plan.placement.get_placements(name)]
+    with (
+        Cluster(cfg.cluster, call_timeout_s=cfg.runner.hang_timeout_s, placements=processes) as cluster,
+        preemption.handled(),
+    ):
         (run_dir / RUN_INFO).write_text(json.dumps({"mode": mode, "num_devices": plan.placement.num_devices, **labels}))
         wandb = cfg.logger.wandb
         logger = build_logger(
@@ -82,14 +85,6 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
         finally:
             logger.close()
     return final
-
-
-def _processes_per_node(placement: ComponentPlacement) -> list[int]:
-    counts = [0] * placement.num_nodes
-    for name in placement:
-        for process in placement.get_placements(name):
-            counts[process.node_rank] += 1
-    return counts
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")

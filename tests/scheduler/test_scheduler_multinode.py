@@ -1,15 +1,23 @@
-"""Attaching to a multi-node Ray (`ray.cluster_utils.Cluster`: 2 nodes x 2 GPUs, faked as resources) and pinning
-each rank to its node, with the right local devices and environment."""
+"""Attaching to a multi-node Ray (`ray.cluster_utils.Cluster`: 2 nodes x 2 GPUs, faked as resources): the run's
+reservation (a placement group per node, queued behind other runs), and each rank on its node, with its share of
+its device, the right local devices and environment."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
+from ray.util.placement_group import placement_group_table
 
 from rlplace.core.config import ClusterConfig
 from rlplace.placement.placement import Placement
@@ -25,7 +33,18 @@ class Where(Worker):
             "env": {name: os.environ[name] for name in names},
             "device": str(self.device),
             "cores": sorted(os.sched_getaffinity(0)),
+            "resources": ray.get_runtime_context().get_assigned_resources(),
         }
+
+
+def free_gpus_become(expected: float, timeout: float = 10.0) -> bool:
+    """Whether Ray's view of the free GPUs, which trails the placement groups' changes, reaches `expected`."""
+    deadline = time.monotonic() + timeout
+    while ray.available_resources().get("GPU", 0.0) != expected:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def two_per_node() -> list[Placement]:
@@ -68,9 +87,15 @@ def test_ranks_land_on_their_nodes_with_their_gpus(ray_cluster: RayTestCluster) 
                 "LOCAL_RANK": str(local),
                 "LOCAL_WORLD_SIZE": "2",
                 "MASTER_ADDR": cluster.node_ip(0),
-                "CUDA_VISIBLE_DEVICES": str(local),  # Ray, asked for no GPU, leaves it alone
+                "CUDA_VISIBLE_DEVICES": str(local),  # ours, not the GPU Ray picked for the share
             }
             assert seen["device"] == "cuda:0"
+            assert seen["resources"] == {"GPU": 1.0, "CPU": 1.0}  # one process per device: the whole bundle
+        assert free_gpus_become(0.0)  # Ray's accounting shows the run's devices in use
+        reserved = [table for table in placement_group_table().values() if table["state"] == "CREATED"]
+        assert {frozenset(table["bundles_to_node_id"].values()) for table in reserved} == {
+            frozenset({node_id}) for node_id in cluster.node_ids
+        }  # one placement group per node, its bundles on that node
     assert not ray.is_initialized()  # disconnected, while the cluster itself keeps running for the next test
 
 
@@ -100,4 +125,41 @@ def test_inside_an_initialised_ray_the_cluster_uses_it_and_leaves_it_connected(r
             assert cluster.node_ids[0] == ray_cluster.head_node.node_id
         assert ray.is_initialized()
     finally:
+        ray.shutdown()
+
+
+HOLDER = """
+import sys, time
+from rlplace.core.config import ClusterConfig
+from rlplace.scheduler import Cluster
+Cluster(ClusterConfig(num_nodes=2, num_devices_per_node=2, device_type="gpu", address=sys.argv[1])).reserve()
+print("reserved", flush=True)
+time.sleep(600)
+"""
+
+
+def test_runs_sharing_a_ray_queue_and_a_killed_run_frees_its_devices(
+    ray_cluster: RayTestCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, ray_cluster.address], stdout=subprocess.PIPE, text=True)
+    ray.init(address=ray_cluster.address)  # both runs below join this connection, as jobs of a Hydra Ray sweep
+    try:
+        cfg = ClusterConfig(num_nodes=2, num_devices_per_node=2, device_type="gpu")
+        assert holder.stdout is not None and holder.stdout.readline() == "reserved\n"
+        queued = Cluster(dataclasses.replace(cfg, reserve_timeout_s=30))
+        waiter = threading.Thread(target=queued.reserve)
+        waiter.start()
+        with caplog.at_level(logging.WARNING), pytest.raises(ClusterError, match="did not reserve .* within 1 s"):
+            Cluster(dataclasses.replace(cfg, reserve_timeout_s=1)).reserve()
+        assert "waiting up to 1 s for Ray to reserve this run's devices (2 node(s), 4 GPU, 4 CPU)" in caplog.text
+        assert waiter.is_alive()  # still queued behind the holder
+        holder.kill()  # no shutdown: Ray removes a dead driver's placement groups
+        waiter.join(timeout=20)
+        assert not waiter.is_alive()
+        assert free_gpus_become(0.0)
+        queued.shutdown()
+        assert free_gpus_become(4.0)  # released at shutdown
+    finally:
+        holder.kill()
+        holder.wait()
         ray.shutdown()

@@ -55,6 +55,9 @@ class ClusterConfig:
     """Ray namespace; None gives every run its own."""
     connect_timeout_s: float = 30.0
     """How long to try reaching the cluster at `address` before giving up with an error."""
+    reserve_timeout_s: float = 600.0
+    """How long to wait for Ray to reserve the run's devices (placement groups) while other runs on the same Ray hold
+    them, before giving up with an error."""
     max_oversubscription: float = 4.0
     """Most worker processes per CPU core a cpu cluster may be asked to run; more is refused before launch."""
     component_placement: dict[str, Any] = field(default_factory=dict)
@@ -71,6 +74,7 @@ class ClusterConfig:
             "null or at least 1",
         )
         check(self.connect_timeout_s > 0, "cluster.connect_timeout_s", self.connect_timeout_s, "positive")
+        check(self.reserve_timeout_s > 0, "cluster.reserve_timeout_s", self.reserve_timeout_s, "positive")
         check(self.max_oversubscription > 0, "cluster.max_oversubscription", self.max_oversubscription, "positive")
 
     @property

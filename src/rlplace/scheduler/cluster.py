@@ -4,8 +4,11 @@ It starts an embedded single-node Ray (the default), attaches to a running clust
 this process already runs in (a Hydra Ray launcher job), and in every case checks that the cluster has the declared
 nodes and devices before anything is launched. Nodes get stable ranks (the driver's node first, then by IP and node
 id) so placements mean the same node every run. On a cpu cluster each logical device owns a disjoint set of its
-node's CPU cores (`cores_of`). Shutting down tears down every worker group, then the Ray this cluster started, so a
-run leaves no processes behind, also after an exception or Ctrl-C; an embedded Ray's session folder is removed too.
+node's CPU cores (`cores_of`). Before its first worker starts, the run reserves its devices as Ray placement groups
+(`reservation.py`) and every worker asks for its share of its device, so runs sharing one Ray queue for the devices
+and Ray's accounting shows what each run uses. Shutting down tears down every worker group, releases the
+reservation, then stops the Ray this cluster started, so a run leaves no processes behind, also after an exception
+or Ctrl-C; an embedded Ray's session folder is removed too.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import shutil
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +33,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlplace.scheduler.errors import ClusterError
 from rlplace.scheduler.group import WorkerGroup, terminate_groups
-from rlplace.scheduler.lease import DeviceLease
 from rlplace.scheduler.rendezvous import create_rendezvous
+from rlplace.scheduler.reservation import Bundle, Reservation, cpu_bundles, gpu_bundles, process_share
 
 if TYPE_CHECKING:  # for the annotation only: rlplace.core imports the scheduler, never the other way round
     from rlplace.core.config import ClusterConfig
+    from rlplace.placement.placement import Placement
 
 RAY_EXIT_S = 5.0
 """How long Ray's own processes get to exit after `ray.shutdown()` before they are killed."""
@@ -46,10 +51,15 @@ class Cluster:
     """
 
     def __init__(
-        self, cfg: ClusterConfig, call_timeout_s: float | None = None, load: Sequence[int] | None = None
+        self,
+        cfg: ClusterConfig,
+        call_timeout_s: float | None = None,
+        placements: Sequence[Placement] = (),
     ) -> None:
-        """`load`, the worker processes the run will place on each node, is checked against the nodes' cores
-        (`cluster.max_oversubscription`), on an embedded Ray before it starts."""
+        """`placements`, every worker process the run will launch, are checked against the nodes' cores
+        (`cluster.max_oversubscription`; on an embedded Ray before it starts) and split each device's reservation
+        between the processes on it; a device none of them names is taken whole by its first process.
+        `cluster.reserve_timeout_s` bounds the wait for devices that other runs on the same Ray hold."""
         if cfg.device_type not in ("cpu", "gpu"):
             raise ClusterError(f"cluster.device_type must be 'cpu' or 'gpu', got {cfg.device_type!r}")
         if cfg.num_nodes < 1 or cfg.num_devices_per_node < 1:
@@ -64,7 +74,11 @@ class Cluster:
         self._owns_connection = False  # this object called ray.init, so it calls ray.shutdown
         self._started_ray = False  # ... and that ray.init started Ray's processes here
         self._closed = False
-        self._lease: DeviceLease | None = None
+        self._reservation: Reservation | None = None
+        self._processes_per_device = Counter(p.devices[0] for p in placements if p.devices)
+        """Global device -> the worker processes whose first device it is (their bundle is that device's)."""
+        self.reserve_timeout_s = cfg.reserve_timeout_s
+        load = Counter(p.node_rank for p in placements)
         self._max_oversubscription = cfg.max_oversubscription
         self.call_timeout_s = call_timeout_s
         """Deadline of worker calls waited on without a timeout: a hung worker is reported, never waited for."""
@@ -94,15 +108,13 @@ class Cluster:
             where = f"the Ray cluster at {cfg.address!r}"
         atexit.register(self.shutdown)
         try:
-            if not self._started_ray:  # a shared Ray: wait until no other run holds its devices
-                self._lease = DeviceLease()
-                self._lease.acquire()
             self._nodes = _rank_nodes(where, cfg)
             node_cores = self._find_node_cores() if self.device_type == "cpu" else []
             self._device_cores = [
                 split_cores(cores, cfg.num_devices_per_node, cfg.cpus_per_device) for cores in node_cores
             ]
             self._check_load(self._device_cores, load)
+            self._bundles = [self._node_bundles(rank) for rank in range(self.num_nodes)]
         except BaseException:
             self.shutdown()
             raise
@@ -125,12 +137,11 @@ class Cluster:
             raise ClusterError("cores_of is defined for device_type='cpu' clusters, whose devices are CPU cores")
         return self._device_cores[node_rank][local_device]
 
-    def _check_load(self, device_cores: list[list[tuple[int, ...]]], load: Sequence[int] | None) -> None:
+    def _check_load(self, device_cores: list[list[tuple[int, ...]]], load: Counter[int]) -> None:
         """Refuse more worker processes on a cpu node than `cluster.max_oversubscription` per core: past that,
         every process mostly waits for a core and the run measures the machine's scheduler, not a placement."""
-        if load is None:
-            return
-        for node, (processes, cores_of_devices) in enumerate(zip(load, device_cores, strict=False)):
+        for node, cores_of_devices in enumerate(device_cores):
+            processes = load[node]
             cores = len(set().union(*cores_of_devices))
             if processes > self._max_oversubscription * cores:
                 raise ClusterError(
@@ -163,6 +174,60 @@ class Cluster:
         """Track a launched group so that `shutdown` tears it down."""
         self._groups.append(group)
 
+    def reserve(self) -> Reservation:
+        """Hold the run's devices in Ray, waiting while other runs on the same Ray hold them (ClusterError after
+        `reserve_timeout_s`). The first launch calls it, so a Cluster used only for its Ray connection (a test
+        fixture that other runs join) holds no devices; a driver may call it earlier. Idempotent."""
+        if self._reservation is None:
+            # Kept from here on, so that `shutdown` withdraws it also when Ctrl-C ends the wait.
+            self._reservation = Reservation(f"rlplace.{self.rendezvous_name}", self.node_ids, self._bundles)
+            try:
+                self._reservation.wait(self.reserve_timeout_s)
+            except ClusterError:
+                self._reservation.release()
+                self._reservation = None
+                raise
+        return self._reservation
+
+    def worker_options(self, placements: Sequence[Placement]) -> list[dict[str, Any]]:
+        """The Ray scheduling options of a new group's ranks: each goes into the bundle of its first device and
+        asks for its share of it (`process_share`), counting the processes of running groups already there.
+
+        A process on several devices takes its share of the first device's bundle only (Ray schedules an actor
+        into one bundle); the others stay reserved for the run. A process without devices runs in its node's
+        reservation and asks for nothing.
+        """
+        reservation = self.reserve()
+        running = (p for group in self._groups if not group.terminated for p in group.placements)
+        placed = Counter(self._first_device(p) for p in running)
+        options = []
+        for p in placements:
+            device = self._first_device(p)
+            share = {} if device is None else self._share(device, placed[device])
+            placed[device] += 1
+            local = None if device is None else device[1]
+            strategy = reservation.strategy(p.node_rank, local)
+            options.append(
+                {"scheduling_strategy": strategy, "num_cpus": share.get("CPU", 0.0), "num_gpus": share.get("GPU", 0.0)}
+            )
+        return options
+
+    def _first_device(self, placement: Placement) -> tuple[int, int] | None:
+        """(node rank, local device) of the device whose bundle a process is scheduled into; None without one."""
+        return (placement.node_rank, placement.local_devices[0]) if placement.local_devices else None
+
+    def _share(self, device: tuple[int, int], placed: int) -> Bundle:
+        node_rank, local = device
+        expected = self._processes_per_device.get(node_rank * self.num_devices_per_node + local, 1)
+        return process_share(self._bundles[node_rank][local], expected, placed)
+
+    def _node_bundles(self, node_rank: int) -> list[Bundle]:
+        """One bundle per logical device of a node, sized by what Ray offers on that node."""
+        resources = self._nodes[node_rank]["Resources"]
+        if self.device_type == "gpu":
+            return gpu_bundles(self.num_devices_per_node, resources)
+        return cpu_bundles(self._device_cores[node_rank], resources["CPU"])
+
     def shutdown(self) -> None:
         """Terminate every worker group (gracefully, then by force), then disconnect from Ray, stopping it if it
         was started here and killing any of its processes still alive after `RAY_EXIT_S`. Idempotent."""
@@ -174,8 +239,8 @@ class Cluster:
             terminate_groups(self._groups)
             if self._rendezvous is not None:
                 ray.kill(self._rendezvous)  # when this process stays connected (a Hydra Ray launcher job)
-            if self._lease is not None:
-                self._lease.release()
+            if self._reservation is not None:
+                self._reservation.release()
         finally:
             if self._owns_connection:
                 leftovers = _ray_processes() if self._started_ray else []

@@ -53,9 +53,9 @@ def worker_env(context: WorkerContext, master_addr: str, master_port: int) -> di
     """The environment of one worker process.
 
     On a gpu cluster CUDA_VISIBLE_DEVICES lists the worker's local GPUs, and Ray is told not to overwrite it (Ray
-    sets it from its own GPU accounting, and workers ask Ray for no GPUs). On a cpu cluster the logical devices are
-    not CUDA devices, so CUDA_VISIBLE_DEVICES is empty (a CPU-placement run on a GPU machine must not use the
-    GPUs); their ids are in RLPLACE_LOCAL_DEVICES on both kinds of cluster.
+    would set the GPU it picked for the worker's share of the reservation, which need not be the placed one). On a
+    cpu cluster the logical devices are not CUDA devices, so CUDA_VISIBLE_DEVICES is empty (a CPU-placement run on a
+    GPU machine must not use the GPUs); their ids are in RLPLACE_LOCAL_DEVICES on both kinds of cluster.
     """
     placement = context.placement
     local_devices = ",".join(str(d) for d in placement.local_devices)

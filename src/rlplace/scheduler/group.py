@@ -3,8 +3,8 @@
 `group.method(*args)` calls `method` on every rank and returns one `GroupFuture`; `group.execute_on(0, 2).method()`
 calls a subset. Names are resolved in `__getattr__` against the worker class's public methods, so a typo fails at the
 call site with the list of valid methods rather than inside a remote process. Launching checks the placements against
-the cluster before any actor starts, then pins one Ray actor per rank to its node; the actors ask Ray for no CPUs or
-GPUs, because sharing is decided by the placement, not by Ray's per-actor resource requests.
+the cluster before any actor starts, then schedules one Ray actor per rank into the cluster's reservation of its
+device, asking for the rank's share of that device (`Cluster.worker_options`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.actor import ActorClass, ActorHandle
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlplace.placement.placement import Placement
 from rlplace.placement.strategies import PlacementStrategy
@@ -74,6 +73,7 @@ class WorkerGroupSpec:
         if shadowed:
             raise TypeError(f"{self.worker_cls.__name__} methods {shadowed} are WorkerGroup attributes; rename them")
         cluster.check_group_name(name)
+        ray_options = cluster.worker_options(placements)  # may wait for the devices: before picking a free port
 
         uid = f"{name}-{uuid.uuid4().hex[:8]}"
         ray.get(cluster.rendezvous.register_group.remote(name, uid, len(placements)))
@@ -81,7 +81,7 @@ class WorkerGroupSpec:
         master_port = cluster.free_port(placements[0].node_rank)
         actor_cls = _actor_class(self.worker_cls)
         workers = []
-        for placement in placements:
+        for placement, options in zip(placements, ray_options, strict=True):
             context = WorkerContext(
                 group_name=name,
                 group_uid=uid,
@@ -90,14 +90,9 @@ class WorkerGroupSpec:
                 cores=_cores(cluster, placement),
                 rendezvous=cluster.rendezvous_name,
             )
-            options = actor_cls.options(
-                num_cpus=0,
-                num_gpus=0,
-                max_restarts=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(cluster.node_ids[placement.node_rank], soft=False),
-                runtime_env={"env_vars": worker_env(context, master_addr, master_port)},
-            )
-            workers.append(options.remote(*self.args, **self.kwargs))
+            env = {"env_vars": worker_env(context, master_addr, master_port)}
+            actor = actor_cls.options(**options, max_restarts=0, runtime_env=env)
+            workers.append(actor.remote(*self.args, **self.kwargs))
 
         group = WorkerGroup(name, self.worker_cls, placements, workers, methods, cluster.call_timeout_s)
         cluster.add_group(group)
