@@ -1,9 +1,10 @@
-"""A tiny placement sweep end to end: Hydra multirun with the report callback, skipped jobs, wandb in one group, and
-the same job on Hydra's Ray launcher giving the same numbers.
+"""The sweep report: its numbers and sentences from made-up job folders (fast), then a tiny placement sweep end to
+end: Hydra multirun with the report callback, skipped jobs, wandb in one group, and the same job on Hydra's Ray
+launcher giving the same numbers.
 
-One sweep (collocated, disaggregated, hybrid; the cluster's 2 devices cannot hold disaggregated, so 2 jobs run) is
-shared by both tests: the report reads it, and its hybrid job is what the Ray launcher's one-job multirun, run at
-the same time, must reproduce.
+One sweep (collocated, disaggregated, hybrid; 2 devices cannot hold disaggregated, so 2 jobs run) is shared by both
+end-to-end tests: the report reads it, and its hybrid job is what the Ray launcher's one-job multirun, run at the
+same time, must reproduce.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,9 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from rlplace.report import collect
+from rlplace.metrics import Timeline
+from rlplace.report import collect, write_report
+from rlplace.report.charts import PHASE_COLOURS, phase_of
+from rlplace.report.collect import BUSIEST_STAGE, HANDOFF_WAIT, read_job
+from rlplace.report.write import recommendation
 
 TINY = [
+    "cluster=local",  # 2 devices, not the preset's 4: keeps a skipped job, and 2 runs instead of 3
     "rollout.pipeline_stage_num=2",  # narrows the sweep's params to one value
     "task.total_num_envs=4",
     "rollout.num_steps=8",
@@ -29,6 +36,71 @@ TINY = [
     "runner.max_steps=2",
 ]
 COMPARED = ("env/return_last20", "train/policy_loss", "train/value_loss", "train/entropy")
+
+
+def fake_job(job_dir: Path, mode: str, rates: list[float], stages: int = 2) -> Path:
+    """A job folder as a finished run leaves it, on 4 devices, with one step per rate: generation 0.6 s of a 1 s step,
+    env busy 0.3 s and rollout 0.4 s of it (so the hand-off wait is 0.2 s)."""
+    job_dir.mkdir()
+    (job_dir / "run.json").write_text(json.dumps({"mode": mode, "num_devices": 4, "stages": stages}))
+    step = {"time/step": 1.0, "time/generate_rollouts": 0.6, "time/env": 0.3, "time/rollout": 0.4}
+    step |= {"time/training": 0.3, "util/device_0/busy_frac": 0.5}
+    rows = [{"step": i, **step, "throughput/env_steps_per_s": rate} for i, rate in enumerate(rates)]
+    (job_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    timeline = Timeline({("actor", 0): [0], ("env", 0): [0]}, num_devices=4, start=0.0)
+    for name, group, start, end in (("step", "driver", 0.0, 1.0), ("env_step", "env", 0.1, 0.4)):
+        timeline.add({"name": name, "group": group, "rank": 0, "start": start, "end": end})
+    timeline.write(job_dir / "timeline.json")
+    return job_dir
+
+
+def test_a_job_is_measured_after_warm_up_with_its_hand_off_wait(tmp_path: Path) -> None:
+    job = read_job(fake_job(tmp_path / "0", "hybrid", [1.0, 1.0, 1250, 1300, 1350, 1300, 1280]))
+    assert (job.n, job.warmup, min(job.throughput), job.median_throughput) == (5, 2, 1250, 1300)
+    assert job.medians[BUSIEST_STAGE] == pytest.approx(0.4) and job.medians[HANDOFF_WAIT] == pytest.approx(0.2)
+    assert job.ideal_throughput == pytest.approx(1300 / 0.8)  # the step without its wait
+    assert (job.title, job.unit, job.per_device) == ("hybrid, 2 stages", "env steps", 325)
+    short = read_job(fake_job(tmp_path / "1", "hybrid", [500.0, 700.0]))
+    assert (short.n, short.warmup) == (2, 0)  # too short to leave warm-up out: measured over all its steps
+
+
+def test_report_states_n_spread_wait_per_device_and_a_recommendation(tmp_path: Path) -> None:
+    fake_job(tmp_path / "0", "collocated", [1.0, 1.0, 950, 1000, 1050, 1000, 1000])
+    fake_job(tmp_path / "1", "hybrid", [1.0, 1.0, 1250, 1300, 1350, 1300, 1300])
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "skipped.txt").write_text("needs 8 devices")
+    report = write_report(tmp_path).read_text()
+    header = "| job | mode | stages | devices | n | env steps/s | spread | ideal | vs collocated | per device/s |"
+    assert header in report and "| env s | rollout s | wait s | train s |" in report
+    # n = 5 of 7 steps; ideal = 1300 / (1 s - 0.2 s of wait); 1300 / 4 devices x 3600 = 1.17M per device-hour
+    assert (
+        "| 1 | hybrid | 2 | 4 | 5 | 1300 | 1250-1350 | 1625 | 1.30x | 325 | 1.17M | 1.000 | 0.300 | 0.400 | 0.200 |"
+        in report
+    )
+    assert "- job 2 (2): skipped: needs 8 devices" in report
+    assert report.rstrip().splitlines()[-1] == (
+        "**Recommendation:** fastest: hybrid, 2 stages (1,300 env steps/s), 1.30x over collocated, 2 stages on this "
+        "cluster (4 devices)"
+    )
+
+
+def test_recommendation_says_when_it_has_nothing_or_little_to_go_on(tmp_path: Path) -> None:
+    one = read_job(fake_job(tmp_path / "0", "hybrid", [1.0, 1.0, 1300]))
+    assert recommendation([one]).endswith("it is the only job that ran: nothing to compare it with")
+    close = read_job(fake_job(tmp_path / "1", "hybrid", [1.0, 1.0, 1200, 1250, 1300], stages=1))
+    assert recommendation([one, close]).endswith(
+        "1.04x over hybrid, 1 stage on this cluster (4 devices); within the spread over steps, so not a clear win; "
+        "only hybrid ran"
+    )
+    assert recommendation([]) == "no job ran: nothing to recommend"
+
+
+def test_one_colour_per_phase_across_metrics_segments_and_spans() -> None:
+    assert phase_of("time/training") == phase_of("training") == "training"
+    assert phase_of("env_step") == phase_of("time/env") == "env"
+    assert phase_of("time/busiest_stage") == phase_of("generate_rollouts") != phase_of("time/handoff_wait")
+    assert phase_of("no_such_span") == "other"
+    assert len(set(PHASE_COLOURS.values())) == len(PHASE_COLOURS)
 
 
 def start_multirun(sweep_dir: Path, *overrides: str) -> subprocess.Popen[str]:
@@ -83,14 +155,27 @@ def test_tiny_sweep_writes_report_charts_and_one_wandb_run_per_job(sweep: tuple[
     sweep_dir, stdout = sweep
     assert "skipping job 1" in stdout  # disaggregated needs 4 devices; cluster=local has 2
     report = (sweep_dir / "report.md").read_text()
-    assert "| 0 | collocated | 2 |" in report and "| 2 | hybrid | 2 |" in report
+    # 2 steps leave none after warm-up: n = 2, starred as measured over all steps
+    assert "| 0 | collocated | 2 | 2 | 2* |" in report and "| 2 | hybrid | 2 | 2 | 2* |" in report
     assert "- job 1 (placement=disaggregated rollout.pipeline_stage_num=2): skipped:" in report
+    assert report.rstrip().splitlines()[-1].startswith("**Recommendation:** fastest: ")
+    assert "(2 devices)" in report.rstrip().splitlines()[-1]
     for png in ("throughput", "speedup", "time_breakdown", "utilization", "timeline_0", "timeline_2"):
         assert (sweep_dir / f"{png}.png").stat().st_size > 1000, png
     jobs = collect(sweep_dir)
     assert [j.skipped is not None for j in jobs] == [False, True, False]
     assert [j.mode for j in jobs] == ["collocated", "", "hybrid"]
     assert jobs[2].median_throughput > 0
+    assert all(job.medians[HANDOFF_WAIT] >= 0 for job in (jobs[0], jobs[2]))
+    rows = {  # each trace row names the components on it, in placement config order
+        "0": ["device 0: actor, env, rollout", "device 1: actor, env, rollout", "host: driver"],
+        "2": ["device 0: actor, env", "device 1: actor, rollout", "host: driver"],
+    }
+    for job, names in rows.items():
+        trace = sweep_dir / job / "timeline.json"
+        assert stat.S_IMODE(trace.stat().st_mode) == 0o644
+        events = json.loads(trace.read_text())["traceEvents"]
+        assert [e["args"]["name"] for e in events if e["name"] == "process_name"] == names
     runs = sorted(sweep_dir.glob("*/wandb/offline-run-*"))
     assert len(runs) == 2
     for run in runs:  # the run record in the offline log carries the sweep's group and the mode tag

@@ -1,8 +1,11 @@
-"""Timeline: Chrome-trace structure, per-device busy fraction with overlapping spans, and group overlap."""
+"""Timeline: Chrome-trace structure and row labels, per-device busy fraction with overlapping spans, group overlap,
+and the per-step write (atomic, world-readable)."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -67,7 +70,14 @@ def test_chrome_trace_structure(timeline: Timeline, tmp_path) -> None:
     assert trace["displayTimeUnit"] == "ms"
     events = trace["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
-    assert names == {0: "device 0", 1: "device 1", 2: "device 2", 3: "device 3", HOST_PID: "host"}
+    # each row names who works there: components in mapping order, "idle", and the host's groups in order of arrival
+    assert names == {
+        0: "device 0: actor, rollout",
+        1: "device 1: rollout",
+        2: "device 2: rollout",
+        3: "device 3: idle",
+        HOST_PID: "host: env, driver",
+    }
 
     complete = [e for e in events if e["ph"] == "X"]
     # rollout rank 1 holds two devices, so its span appears on both rows: 5 spans -> 6 events
@@ -84,6 +94,7 @@ def test_chrome_trace_structure(timeline: Timeline, tmp_path) -> None:
     assert len(thread_names) == len({(e["pid"], e["tid"]) for e in complete}) == 6
     assert thread_names[(0, train["tid"])] == "actor rank 0"
     assert not list(tmp_path.glob("*.tmp"))  # atomic write leaves no temp file
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # readable by whoever reads the run folder
 
 
 def test_write_appends_across_steps(tmp_path) -> None:
@@ -93,6 +104,22 @@ def test_write_appends_across_steps(tmp_path) -> None:
     tl.add(span("train", "actor", 0, 2.0, 3.0))
     trace = json.loads(tl.write(tmp_path / "timeline.json").read_text())
     assert [e["ts"] for e in trace["traceEvents"] if e["ph"] == "X"] == pytest.approx([0.0, 2.0e6])
+
+
+def test_a_failed_write_keeps_the_previous_trace_and_no_temp_file(tmp_path, monkeypatch) -> None:
+    tl = Timeline({("actor", 0): [0]}, start=T)
+    tl.add(span("train", "actor", 0, 0.0, 1.0))
+    before = tl.write(tmp_path / "timeline.json").read_text()
+    tl.add(span("train", "actor", 0, 2.0, 3.0))
+
+    def disk_full(*args: object) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        tl.write(tmp_path / "timeline.json")
+    assert (tmp_path / "timeline.json").read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["timeline.json"]
 
 
 def test_refuses_bad_input() -> None:

@@ -95,9 +95,17 @@ def open_channels(kind: type[C], **maxsizes: int) -> Iterator[C]:
 
 
 def placement_timeline(placement: ComponentPlacement, components: Sequence[str]) -> Timeline:
-    """A timeline with one row per device, knowing which devices each rank of each component runs on."""
+    """A timeline with one row per device, knowing which devices each rank of each component runs on.
+
+    Components go in in the placement's config order, which is the order in which each trace row names its
+    components ("device 0: actor, env"), as the run's start line and `rlplace-plan` do.
+    """
     return Timeline(
-        {(name, p.rank): p.devices for name in components for p in placement.get_placements(name)},
+        {
+            (name, p.rank): p.devices
+            for name in sorted(components, key=placement.components.index)
+            for p in placement.get_placements(name)
+        },
         num_devices=placement.num_devices,
     )
 

@@ -115,6 +115,7 @@ class EmbodiedRunner:
                 metrics = self.step(step, channels)
                 self.hang_deadline.observe(metrics["time/step"])
                 self.logger.log(metrics, step)
+                self.timeline.write(self.run_dir / "timeline.json")  # readable while the run goes on
                 self.history.append(metrics)
                 progress.update(step + 1, metrics)
                 done = step + 1 == cfg.max_steps or self._solved() or preemption.requested()

@@ -134,6 +134,7 @@ class ReasoningRunner:
                 if (step + 1) % cfg.eval_interval == 0 or last:
                     metrics["eval/accuracy"] = self.evaluate(step + 1)
                 self.logger.log(metrics, step)
+                self.timeline.write(self.run_dir / "timeline.json")  # readable while the run goes on
                 self.history.append(metrics)
                 progress.update(step + 1, metrics)
                 done = last or preemption.requested()

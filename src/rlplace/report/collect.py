@@ -7,7 +7,9 @@ report can be made offline, later, or on another machine.
 from __future__ import annotations
 
 import json
+import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,14 +17,39 @@ import yaml
 
 from rlplace.metrics.logger import WARMUP_STEPS
 
-PHASES = (
+STAGES = ("time/env", "time/rollout", "time/reward", "time/inference")
+"""Busy seconds of each generation stage in a step: embodied runs log env and rollout, reasoning runs rollout,
+reward and inference. Generation can be no shorter than the busiest of them."""
+
+BUSIEST_STAGE = "time/busiest_stage"
+HANDOFF_WAIT = "time/handoff_wait"
+"""`time/generate_rollouts` split in two by `split_generation`, per step, before the medians are taken."""
+
+BREAKDOWN = (
     "time/sync_weights",
-    "time/generate_rollouts",
+    BUSIEST_STAGE,
+    HANDOFF_WAIT,
     "time/advantages",
     "time/training",
     "time/offload",
     "time/onload",
 )
+"""The segments of a step, bottom to top, in the time breakdown chart."""
+
+RATES = {"throughput/env_steps_per_s": "env steps", "throughput/tokens_per_s": "tokens"}
+"""Each family's throughput metric and what it counts."""
+
+
+def split_generation(row: Mapping[str, float]) -> dict[str, float]:
+    """A step's generation time as the busiest stage's busy time plus the rest, the *hand-off wait* (floored at 0).
+
+    The wait is the queue hand-offs between stages plus any stage time that did not overlap the busiest one: what
+    perfect overlap would save (`JobResult.ideal_throughput`), which is why the time breakdown shows it on its own.
+    A run that logs no stage times shows no wait.
+    """
+    generation = row["time/generate_rollouts"]
+    busiest = min(generation, max((row[key] for key in STAGES if key in row), default=generation))
+    return {BUSIEST_STAGE: busiest, HANDOFF_WAIT: generation - busiest}
 
 
 @dataclass
@@ -33,26 +60,49 @@ class JobResult:
     """What the job varied, e.g. `placement=hybrid rollout.pipeline_stage_num=2`."""
     mode: str = ""
     stages: int = 0
+    devices: int = 0
+    """The run's device budget (run.json), which the per-device numbers divide by."""
     skipped: str | None = None
     """Why the job did not run (a combination the cluster cannot hold)."""
+    rate: str = ""
+    """The throughput metric (a key of `RATES`)."""
+    warmup: int = 0
+    """Steps left out as warm-up: `WARMUP_STEPS`, or 0 for a run too short to leave any out."""
     throughput: list[float] = field(default_factory=list)
-    """env steps/s of each step after warm-up."""
+    """Throughput of each measured step (after warm-up)."""
     medians: dict[str, float] = field(default_factory=dict)
-    """Median over steps after warm-up of every time/*, util/* and throughput/* metric."""
+    """Median over the measured steps of every time/*, util/* and throughput/* metric, and of `split_generation`."""
+
+    @property
+    def title(self) -> str:
+        """The job as a reader names it: "hybrid, 2 stages"."""
+        return f"{self.mode}, {self.stages} stage{'s' if self.stages > 1 else ''}"
+
+    @property
+    def unit(self) -> str:
+        return RATES.get(self.rate, "")
+
+    @property
+    def n(self) -> int:
+        """Steps the medians and the spread are over."""
+        return len(self.throughput)
 
     @property
     def median_throughput(self) -> float:
-        return statistics.median(self.throughput) if self.throughput else float("nan")
+        return statistics.median(self.throughput) if self.throughput else math.nan
+
+    @property
+    def per_device(self) -> float:
+        """Median throughput per device of the run's whole budget: idle devices count against the placement."""
+        return self.median_throughput / self.devices if self.devices else math.nan
 
     @property
     def ideal_throughput(self) -> float:
-        """env steps/s if env and rollout overlapped perfectly: generation costs only the slower of the two."""
-        m = self.medians
-        if not m or not self.throughput:
-            return float("nan")
-        env_steps = m["throughput/env_steps_per_s"] * m["time/step"]
-        other = m["time/step"] - m["time/generate_rollouts"]
-        return env_steps / (max(m["time/env"], m["time/rollout"]) + other)
+        """Throughput if the generation stages overlapped perfectly: generation costing only the busiest stage."""
+        if not self.throughput:
+            return math.nan
+        step = self.medians["time/step"]
+        return self.median_throughput * step / (step - self.medians[HANDOFF_WAIT])
 
 
 def swept_keys(multirun_dir: Path) -> set[str]:
@@ -76,10 +126,12 @@ def read_job(path: Path, keys: set[str] = frozenset()) -> JobResult:
         result.skipped = (path / "skipped.txt").read_text().strip()
         return result
     info = json.loads((path / "run.json").read_text())
-    result.mode, result.stages = info["mode"], info.get("stages", 1)
+    result.mode, result.stages, result.devices = info["mode"], info.get("stages", 1), info["num_devices"]
     rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
-    kept = rows[WARMUP_STEPS:] or rows
-    result.throughput = [row["throughput/env_steps_per_s"] for row in kept]
+    result.warmup = WARMUP_STEPS if len(rows) > WARMUP_STEPS else 0
+    kept = [row | split_generation(row) for row in rows[result.warmup :]]
+    result.rate = next(key for key in RATES if key in kept[0])
+    result.throughput = [row[result.rate] for row in kept]
     keys = {k for row in kept for k in row if k.startswith(("time/", "util/", "throughput/"))}
     result.medians = {k: statistics.median(row.get(k, 0.0) for row in kept) for k in sorted(keys)}
     return result
@@ -99,3 +151,9 @@ def baseline_for(result: JobResult, results: list[JobResult]) -> JobResult | Non
     collocated = [r for r in results if r.mode == "collocated" and not r.skipped]
     same = [r for r in collocated if r.stages == result.stages]
     return (same or collocated or [None])[0]
+
+
+def speedup(result: JobResult, results: list[JobResult]) -> float:
+    """Median throughput over `baseline_for`'s; nan without a collocated run."""
+    base = baseline_for(result, results)
+    return result.median_throughput / base.median_throughput if base else math.nan

@@ -1,69 +1,106 @@
-"""`write_report(multirun_dir)`: the table (printed and in report.md) and the charts, next to the jobs."""
+"""`write_report(multirun_dir)`: the table (printed and in report.md), the charts next to the jobs, and a one-line
+recommendation at the end."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from rlplace.metrics.logger import WARMUP_STEPS
 from rlplace.report import charts
-from rlplace.report.collect import JobResult, baseline_for, collect
+from rlplace.report.collect import HANDOFF_WAIT, STAGES, JobResult, collect, speedup
 
-COLUMNS = (
-    "job",
-    "mode",
-    "stages",
-    "env steps/s",
-    "spread",
-    "ideal",
-    "vs collocated",
-    "step s",
-    "env s",
-    "rollout s",
-    "train s",
-)
+Column = tuple[str, Callable[[JobResult], str]]
+"""A table column: its header and how a job that ran fills it."""
 
 
-def rows(results: list[JobResult]) -> list[list[str]]:
-    out = []
-    for r in results:
-        if r.skipped:
-            out.append([r.job, "skipped", "", "", "", "", "", "", "", "", ""])
-            continue
-        base = baseline_for(r, results)
-        speedup = r.median_throughput / base.median_throughput if base else math.nan
-        m = r.medians
-        out.append(
-            [
-                r.job,
-                r.mode,
-                str(r.stages),
-                f"{r.median_throughput:.0f}",
-                f"{min(r.throughput):.0f}-{max(r.throughput):.0f}",
-                f"{r.ideal_throughput:.0f}",
-                f"{speedup:.2f}x",
-                f"{m['time/step']:.3f}",
-                f"{m['time/env']:.3f}",
-                f"{m['time/rollout']:.3f}",
-                f"{m['time/training']:.3f}",
-            ]
-        )
-    return out
+def _count(value: float) -> str:
+    """A large count, short: 4.53M, 812k."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
 
 
-def markdown_table(table: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+def _n(result: JobResult) -> str:
+    return f"{result.n}{'' if result.warmup else '*'}"
+
+
+def _spread(result: JobResult) -> str:
+    return f"{min(result.throughput):.0f}-{max(result.throughput):.0f}" if result.n > 1 else "-"
+
+
+def _seconds(key: str) -> Callable[[JobResult], str]:
+    return lambda r: f"{r.medians.get(key, math.nan):.3f}"
+
+
+def columns(results: list[JobResult]) -> list[Column]:
+    """The table's columns; the unit and the stage columns follow the family of the jobs that ran (env steps and
+    env/rollout for embodied runs, tokens and rollout/reward/inference for reasoning runs)."""
+    ran = [r for r in results if not r.skipped]
+    unit = ran[0].unit if ran else "env steps"
+    stages = [key for key in STAGES if any(key in r.medians for r in ran)]
+    return [
+        ("job", lambda r: r.job),
+        ("mode", lambda r: r.mode),
+        ("stages", lambda r: str(r.stages)),
+        ("devices", lambda r: str(r.devices)),
+        ("n", _n),
+        (f"{unit}/s", lambda r: f"{r.median_throughput:.0f}"),
+        ("spread", _spread),
+        ("ideal", lambda r: f"{r.ideal_throughput:.0f}"),
+        ("vs collocated", lambda r: f"{speedup(r, results):.2f}x"),
+        ("per device/s", lambda r: f"{r.per_device:.0f}"),
+        ("per device-hour", lambda r: _count(r.per_device * 3600)),
+        ("step s", _seconds("time/step")),
+        *[(f"{key.removeprefix('time/')} s", _seconds(key)) for key in stages],
+        ("wait s", _seconds(HANDOFF_WAIT)),
+        ("train s", _seconds("time/training")),
+    ]
+
+
+def rows(results: list[JobResult], table: list[Column]) -> list[list[str]]:
+    blank = [""] * (len(table) - 2)
+    return [[r.job, "skipped", *blank] if r.skipped else [fill(r) for _, fill in table] for r in results]
+
+
+def markdown_table(headers: list[str], table: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(row) + " |" for row in table]
     return "\n".join(lines)
+
+
+def recommendation(ran: list[JobResult]) -> str:
+    """The sentence a placement is decided from: the fastest job, and by how much it beats the fastest job of
+    another mode (or, if only one mode ran, the next job) on this cluster, flagged when the steps' spreads overlap."""
+    if not ran:
+        return "no job ran: nothing to recommend"
+    fastest = max(ran, key=lambda r: r.median_throughput)
+    where = f"on this cluster ({fastest.devices} devices)"
+    headline = f"fastest: {fastest.title} ({fastest.median_throughput:,.0f} {fastest.unit}/s)"
+    other_modes = [r for r in ran if r.mode != fastest.mode]
+    rivals = other_modes or [r for r in ran if r is not fastest]
+    if not rivals:
+        return f"{headline} {where}; it is the only job that ran: nothing to compare it with"
+    rival = max(rivals, key=lambda r: r.median_throughput)
+    ratio = fastest.median_throughput / rival.median_throughput
+    text = f"{headline}, {ratio:.2f}x over {rival.title} {where}"
+    if min(fastest.throughput) <= max(rival.throughput):
+        text += "; within the spread over steps, so not a clear win"
+    return text if other_modes else f"{text}; only {fastest.mode} ran"
 
 
 def write_report(multirun_dir: Path, console: Console | None = None) -> Path:
     """Write report.md and the PNG charts into `multirun_dir`, print the table, and return report.md's path."""
     results = collect(multirun_dir)
     ran = [r for r in results if not r.skipped]
-    table = rows(results)
+    table = columns(results)
+    headers = [header for header, _ in table]
+    body = rows(results, table)
     images = []
     if ran:
         images += [
@@ -73,29 +110,35 @@ def write_report(multirun_dir: Path, console: Console | None = None) -> Path:
             charts.utilization_chart(ran, multirun_dir / "utilization.png"),
         ]
         images += [charts.timeline_chart(r, multirun_dir / f"timeline_{r.job}.png") for r in ran]
+    advice = recommendation(ran)
     text = [
         f"# Placement sweep: {multirun_dir}",
         "",
-        "Medians over the steps after warm-up; *spread* is min-max over those steps; *ideal* is the throughput if "
-        "env and rollout overlapped perfectly (generation costing only the slower of the two, from the same run's "
-        "stage times); *vs collocated* compares with the collocated run of the same pipeline stages.",
+        f"Medians over the *n* steps measured after {WARMUP_STEPS} warm-up steps (*: a run too short to leave them "
+        "out, measured over all its steps); *spread* is min-max over those steps; *ideal* is the throughput if the "
+        "generation stages overlapped perfectly (generation costing only the busiest stage); *vs collocated* "
+        "compares with the collocated run of the same pipeline stages; *per device* divides by every device the "
+        "run holds, busy or idle; *wait* is the hand-off wait: generation time the busiest stage does not cover.",
         "",
-        markdown_table(table),
+        markdown_table(headers, body),
         "",
         *[f"- job {r.job} ({r.label}): skipped: {r.skipped}" for r in results if r.skipped],
         "",
         *[f"![{p.stem}]({p.name})" for p in images],
         "",
+        f"**Recommendation:** {advice}",
+        "",
     ]
     report = multirun_dir / "report.md"
     report.write_text("\n".join(text))
     printed = Table(title=f"placement sweep ({len(ran)} of {len(results)} jobs ran)")
-    for column in COLUMNS:
-        printed.add_column(column)
-    for row in table:
+    for header in headers:
+        printed.add_column(header)
+    for row in body:
         printed.add_row(*row)
     if console is None:
         console = Console()
-        console = console if console.is_terminal else Console(width=150)  # logs and CI: no wrapping
+        console = console if console.is_terminal else Console(width=200)  # logs and CI: no wrapping
     console.print(printed)
+    console.print(f"rlplace: {advice}")
     return report
