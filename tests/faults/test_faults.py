@@ -149,6 +149,7 @@ def _once_training(run_dir: Path, name: str, action) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow
 def test_a_hung_worker_is_named_within_the_hang_deadline(shared_ray: None, tmp_path: Path) -> None:
     plan = resolve(compose_run([*TINY, "runner.max_steps=500", "runner.hang_timeout_s=10"]))
     stopped: list[float] = []
@@ -161,6 +162,7 @@ def test_a_hung_worker_is_named_within_the_hang_deadline(shared_ray: None, tmp_p
     assert stopped and time.monotonic() - stopped[0] < 2 * 10 + RAY_EXIT_S
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_named_at_once(shared_ray: None, tmp_path: Path) -> None:
     plan = resolve(compose_run([*TINY, "runner.max_steps=500"]))
     watcher = _once_training(tmp_path, "RolloutWorker", lambda pid: os.kill(pid, signal.SIGKILL))
@@ -169,6 +171,7 @@ def test_a_killed_worker_is_named_at_once(shared_ray: None, tmp_path: Path) -> N
     watcher.join()
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_writes_a_checkpoint_and_leaves_nothing_behind(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "rlplace.train", *TINY, "runner.max_steps=500", f"hydra.run.dir={tmp_path}"]
     driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
