@@ -156,10 +156,15 @@ def test_a_hung_worker_is_named_within_the_hang_deadline(shared_ray: None, tmp_p
     watcher = _once_training(
         tmp_path, "EnvWorker", lambda pid: (os.kill(pid, signal.SIGSTOP), stopped.append(time.monotonic()))
     )
-    with pytest.raises(WorkerTimeout, match=r"group 'env' rank \d: \w+\(\) did not finish within 10 s \(hung"):
+    with pytest.raises(WorkerTimeout, match=r"group 'env' rank \d: \w+\(\) did not finish within [\d.]+ s \(hung"):
         train(plan, tmp_path, {})
     watcher.join()
-    assert stopped and time.monotonic() - stopped[0] < 2 * 10 + RAY_EXIT_S
+    # The deadline is 10 s, or 5 x the slowest step when that is longer (a busy machine): reported within twice that.
+    assert stopped and time.monotonic() - stopped[0] < 2 * max(10, 5 * max_step(tmp_path)) + RAY_EXIT_S
+
+
+def max_step(run_dir: Path) -> float:
+    return max(json.loads(line)["time/step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines())
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ class WorkerTimeout(WorkerError, TimeoutError):
     than the deadline allows. Names the first rank still pending."""
 
     def __init__(self, group: str, rank: int, method: str, seconds: float, reason: str) -> None:
-        super().__init__(group, rank, method, f"did not finish within {seconds:g} s ({reason})")
+        super().__init__(group, rank, method, f"did not finish within {round(seconds, 1):g} s ({reason})")
         self.seconds = seconds
 
 
