@@ -132,7 +132,13 @@ def multiruns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tu
         "ray": (
             ray_dir,
             start_multirun(
-                ray_dir, "placement=hybrid", "logger=jsonl", "hydra/launcher=ray", "+hydra.launcher.ray.init.num_cpus=2"
+                ray_dir,
+                "placement=hybrid",
+                "logger=jsonl",
+                "hydra/launcher=ray",
+                "+hydra.launcher.ray.init.num_cpus=2",
+                # A Ray of its own: with address None, ray.init would join whatever Ray another test started last.
+                "hydra.launcher.ray.init.address=local",
             ),
         ),
     }
