@@ -104,5 +104,6 @@ def resolve(cfg: DictConfig) -> Plan:
     placement = HybridComponentPlacement(typed)
     family.check(typed, placement)
     if typed.runner.resume not in (None, *checkpoint.RESUME_AUTO):  # `auto` needs the run folder: `train` checks it
-        checkpoint.resolve_resume(typed.runner.resume, Path())
+        # That the path is a checkpoint folder; its files are read and checked once, by `train`, before start.
+        checkpoint.resolve_resume(typed.runner.resume, Path(), verify_files=False)
     return Plan(family, typed, placement)

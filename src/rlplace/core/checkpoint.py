@@ -102,8 +102,9 @@ def step_of(path: Path) -> int:
     return int(match.group(1))
 
 
-def resolve_resume(resume: str | None, root: Path) -> Path | None:
-    """The verified checkpoint `runner.resume` names under checkpoint folder `root`, or None to start fresh.
+def resolve_resume(resume: str | None, root: Path, verify_files: bool = True) -> Path | None:
+    """The checkpoint `runner.resume` names under checkpoint folder `root` (checked against its manifest unless
+    `verify_files` is off), or None to start fresh.
 
     `auto` is the newest checkpoint and an error when there is none (a run meant to continue must not silently
     start over); `auto_or_new` starts fresh then.
@@ -122,7 +123,7 @@ def resolve_resume(resume: str | None, root: Path) -> Path | None:
         if not path.is_dir():
             raise ConfigError(f"runner.resume = {resume!r}: no such checkpoint folder (valid: {RESUME_CHOICES})")
         step_of(path)
-    if path is not None:
+    if path is not None and verify_files:
         verify(path)
     return path
 

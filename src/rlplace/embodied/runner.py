@@ -90,9 +90,9 @@ class EmbodiedRunner:
 
     def init_workers(self) -> None:
         """Restore from `runner.resume` if it names a checkpoint; start with the actor's weights on its devices."""
-        resume = checkpoint.resolve_resume(self.cfg.runner.resume, self.checkpoint_root)
-        if resume is None:
+        if self.cfg.runner.resume is None:
             return
+        resume = Path(self.cfg.runner.resume)  # resolved and verified by the driver before anything started
         wait_all(self.actor.load_checkpoint(str(resume)), self.env.load_checkpoint(str(resume)))
         state = json.loads((resume / checkpoint.STATE_FILE).read_text())
         self.start_step = state["step"]

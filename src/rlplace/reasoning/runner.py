@@ -103,9 +103,9 @@ class ReasoningRunner:
     def init_workers(self) -> None:
         """Restore from `runner.resume` if it names a checkpoint: the actor's state, the weight version and the
         accuracy history, whose first entry is the evaluation before the first step (not run again)."""
-        resume = checkpoint.resolve_resume(self.cfg.runner.resume, self.checkpoint_root)
-        if resume is None:
+        if self.cfg.runner.resume is None:
             return
+        resume = Path(self.cfg.runner.resume)  # resolved and verified by the driver before anything started
         self.actor.load_checkpoint(str(resume)).wait()
         state = json.loads((resume / checkpoint.STATE_FILE).read_text())
         self.start_step, self.version = state["step"], state["version"]

@@ -94,10 +94,10 @@ class Cluster:
             # Refuse what cannot work before paying for Ray's start: this machine is the whole cluster.
             if cfg.device_type == "cpu":
                 self._check_load([split_cores(_usable_cores(), cfg.num_devices_per_node, cfg.cpus_per_device)], load)
-            elif _local_gpus() < cfg.num_devices_per_node:
+            elif (gpus := _local_gpus()) < cfg.num_devices_per_node:
                 raise ClusterError(
                     f"cluster.device_type = 'gpu': cluster.num_devices_per_node = {cfg.num_devices_per_node} GPUs "
-                    f"asked, this machine has {_local_gpus()}"
+                    f"asked, this machine has {gpus}"
                 )
             _start_local_ray(cfg)
             self._owns_connection = self._started_ray = True
