@@ -1,4 +1,4 @@
-"""Scheduler micro-benchmarks: what a driver call, a channel item and a group-to-group tensor cost.
+"""Scheduler micro-benchmarks: what a driver call and a group-to-group tensor cost (channel items: handoff.py).
 
 Each figure stands next to a baseline that bounds it (raw `ray.put`/`ray.get`, a local memcpy), so the table shows
 the scheduler's overhead rather than the machine's speed. Runs an embedded Ray with 2 logical cpu devices; on a
@@ -12,12 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import ray
 import torch
 
 from rlplace.core.config import ClusterConfig
 from rlplace.placement.placement import Placement
-from rlplace.scheduler import Channel, Cluster, Worker
+from rlplace.scheduler import Cluster, Worker
 
 MB = 1 << 20
 
@@ -73,31 +72,6 @@ def round_trips(cluster: Cluster) -> list[Row]:
     return rows
 
 
-def channel_throughput() -> list[Row]:
-    rows = []
-    cases = [
-        ("small dict", {"step": 1, "reward": 0.5}, 300),
-        ("1 MB tensor", torch.ones(MB // 4), 100),
-        ("64 MB tensor", torch.ones(64 * MB // 4), 5),
-    ]
-    channel = Channel.create("bench")
-    for label, item, repeat in cases:
-        nbytes = item.numel() * item.element_size() if isinstance(item, torch.Tensor) else 0
-
-        def through_channel(item: object = item) -> None:
-            channel.put(item)
-            channel.get()
-
-        def raw(item: object = item) -> None:
-            ray.get(ray.put(item))
-
-        seconds, baseline = timed(through_channel, repeat), timed(raw, repeat)
-        rate, baseline_rate = f"{1 / seconds:,.0f} items/s", f"ray.put+get: {1 / baseline:,.0f} items/s"
-        rows.append(("channel put+get", label, rate, gbps(nbytes, seconds), baseline_rate, gbps(nbytes, baseline)))
-    channel.close()
-    return rows
-
-
 def transfers(cluster: Cluster, device: str, sender_device: int, receiver_device: int, label: str) -> list[Row]:
     """One rank broadcasts tensors to another group of one rank; baseline: cloning the tensor in the driver."""
     sender = Bench.create_group().launch(cluster, name=f"tx-{label}", placement_strategy=ranks([sender_device]))
@@ -133,7 +107,6 @@ def main() -> None:
     start = time.perf_counter()
     rows: list[Row] = []
     with Cluster(ClusterConfig()) as cluster:
-        rows += channel_throughput()  # first: exiting worker processes of the other cases would slow it down
         rows += round_trips(cluster)
         rows += transfers(cluster, "cpu", 0, 1, "gloo")
     notes = []

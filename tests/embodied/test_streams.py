@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlplace.embodied.streams import Stream, actor_shard, all_streams, streams_of_rollout
+from rlplace.embodied.streams import Stream, actor_pieces, actor_shard, all_streams, streams_of_rollout
 
 
 def test_all_streams_are_env_rank_major() -> None:
@@ -52,3 +52,13 @@ def test_actor_shard() -> None:
     assert [actor_shard(8, rank, 2) for rank in range(2)] == [(0, 4), (4, 8)]
     assert [actor_shard(6, rank, 3) for rank in range(3)] == [(0, 2), (2, 4), (4, 6)]
     assert actor_shard(4, 0, 1) == (0, 4)
+
+
+def test_actor_pieces_send_each_rank_only_its_columns() -> None:
+    # 8 envs on 1 env rank in 3 stages: streams [0, 3), [3, 6), [6, 8); 2 actor ranks train on [0, 4) and [4, 8).
+    streams = all_streams(8, 1, 3)
+    assert [actor_pieces(s, 8, 2) for s in streams] == [[(0, 0, 3)], [(0, 0, 1), (1, 1, 3)], [(1, 0, 2)]]
+    # Every env column goes to exactly one actor rank.
+    for ranks in (1, 2, 4):
+        columns = [s.start + i for s in streams for _, lo, hi in actor_pieces(s, 8, ranks) for i in range(lo, hi)]
+        assert sorted(columns) == list(range(8))

@@ -1,7 +1,9 @@
-"""Channels on a real embedded Ray: FIFO order, backpressure, keys, no global name, handed to worker groups."""
+"""Channels on a real embedded Ray: FIFO order, backpressure, keys, no global name, direct hand-offs between worker
+groups, and errors that name the peer."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
@@ -11,8 +13,7 @@ import ray
 import torch
 
 from rlplace.placement.placement import Placement
-from rlplace.scheduler import Channel, ChannelTimeout, Cluster, Worker, WorkerGroup
-from rlplace.scheduler.channel import INLINE_BYTES
+from rlplace.scheduler import Channel, ChannelError, ChannelTimeout, Cluster, Worker, WorkerError, WorkerGroup
 from tests.scheduler.helpers import on_devices
 
 
@@ -22,11 +23,34 @@ class Producer(Worker):
         for i in range(count):
             channel.put(torch.full((4,), float(i)), key=i % keys, timeout=30)
 
+    def put_one(self, channel: Channel, key: int, value: float) -> None:
+        channel.put(value, key=key, timeout=30)
+
+    def read_key(self, channel: Channel, key: int) -> None:
+        """Become the reader of `key` (nothing comes)."""
+        with pytest.raises(ChannelTimeout):
+            channel.get(key=key, timeout=0.05)
+
+    def die(self) -> None:
+        os._exit(1)
+
 
 class Consumer(Worker):
     def consume(self, channel: Channel, count: int) -> list[float]:
         """Take `count` items from this rank's key."""
         return [channel.get(key=self.rank, timeout=30)[0].item() for _ in range(count)]
+
+    def take(self, channel: Channel, timeout: float) -> float | None:
+        """An item of this rank's key, or None after `timeout`."""
+        try:
+            return channel.get(key=self.rank, timeout=timeout)
+        except ChannelTimeout:
+            return None
+
+    def echo(self, inbox: Channel, outbox: Channel, count: int) -> None:
+        """Answer each item of this rank's key of `inbox` with the same item on `outbox`: a ping-pong's far end."""
+        for _ in range(count):
+            outbox.put(inbox.get(key=self.rank, timeout=30), key=self.rank, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -40,18 +64,19 @@ def groups(cluster: Cluster) -> Iterator[tuple[WorkerGroup, WorkerGroup]]:
 
 def test_items_come_out_in_fifo_order(cluster: Cluster) -> None:
     channel = Channel.create("fifo")
-    large = torch.arange(INLINE_BYTES // 8 + 1)  # int64: one element over the inline size, so via the object store
-    opaque = on_devices((1,))[0]  # neither array nor plain value: its size is unknown, so via the object store too
-    items = ["a", {"b": 1}, 3, None, np.arange(3), torch.arange(3), large, opaque]
+    opaque = on_devices((1,))[0]  # any picklable object travels
+    items = ["a", {"b": 1}, 3, None, np.arange(3), torch.arange(3), torch.arange(300_000), opaque]
     for item in items:
-        channel.put(item)
+        channel.put(item)  # nobody reads the key yet: the registry holds them
     assert channel.qsize() == len(items)
     assert [channel.get(timeout=5) for _ in range(4)] == ["a", {"b": 1}, 3, None]
+    channel.put("after")  # this process reads the key now: straight into its own inbox
     assert np.array_equal(channel.get(timeout=5), np.arange(3))
     assert torch.equal(channel.get(timeout=5), torch.arange(3))
-    assert torch.equal(channel.get(timeout=5), large)
+    assert torch.equal(channel.get(timeout=5), torch.arange(300_000))
     got = channel.get(timeout=5)
     assert isinstance(got, Placement) and got == opaque
+    assert channel.get(timeout=5) == "after"
     assert channel.empty()
 
 
@@ -66,6 +91,8 @@ def test_full_channel_blocks_put_until_timeout(cluster: Cluster) -> None:
     assert time.monotonic() - start >= 0.2
     assert channel.get() == 1
     channel.put(3, timeout=0.2)
+    with pytest.raises(ChannelTimeout, match=r"put on channel 'bounded' timed out after 0\.1 s"):
+        channel.put(4, timeout=0.1)  # full again, now in this process's own inbox
     assert [channel.get(), channel.get()] == [2, 3]
     with pytest.raises(ChannelTimeout, match=r"get on channel 'bounded' key 'k' timed out after 0\.1 s"):
         channel.get(key="k", timeout=0.1)
@@ -99,3 +126,54 @@ def test_channel_connects_worker_groups_with_backpressure(groups: tuple[WorkerGr
     consumed = consumer.consume(channel, 3)
     producer.produce(channel, 6, keys=2).wait(timeout=60)
     assert consumed.wait(timeout=60) == [[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]
+
+
+def test_a_bounded_key_holds_the_writer_until_the_reader_takes(groups: tuple[WorkerGroup, WorkerGroup]) -> None:
+    """Once the reader is known, items go process to process; the writer counts what the reader has not taken."""
+    producer, consumer = groups
+    channel = Channel.create("credit", maxsize=1)
+    assert consumer.take(channel, 0.1).wait(timeout=30) == [None, None]  # rank r reads key r from now on
+    producer.put_one(channel, 0, 1.0).wait(timeout=30)  # direct; the reader's socket holds it
+    blocked = producer.put_one(channel, 0, 2.0)
+    with pytest.raises(TimeoutError):
+        blocked.wait(timeout=1.0)  # no credit until the reader takes the first item
+    assert consumer.take(channel, 5.0).wait(timeout=30) == [1.0, None]
+    blocked.wait(timeout=30)
+    assert consumer.take(channel, 0.1).wait(timeout=30) == [2.0, None]
+
+
+def test_ping_pong_between_two_workers_and_the_driver(groups: tuple[WorkerGroup, WorkerGroup]) -> None:
+    _, consumer = groups
+    ping, pong = Channel.create("ping", maxsize=1), Channel.create("pong", maxsize=1)
+    echo = consumer.echo(ping, pong, 50)
+    for i in range(100):
+        ping.put(np.full(512, i), key=i % 2, timeout=30)
+        assert pong.get(key=i % 2, timeout=30)[0] == i  # driver -> rank i % 2 -> driver
+    echo.wait(timeout=30)
+
+
+def test_a_key_has_one_reader(groups: tuple[WorkerGroup, WorkerGroup]) -> None:
+    _, consumer = groups
+    channel = Channel.create("single")
+    with pytest.raises(ChannelTimeout):
+        channel.get(key=0, timeout=0.05)  # the driver reads key 0 now
+    with pytest.raises(Exception, match=r"channel 'single' key 0 is read by the driver \(pid \d+\); a key has one"):
+        consumer.take(channel, 1.0).wait(timeout=30)
+
+
+def test_a_dead_peer_is_named_by_the_waiting_reader_and_the_writer(cluster: Cluster) -> None:
+    doomed = Producer.create_group().launch(cluster, name="doomed", placement_strategy=on_devices((0,)))
+    channel = Channel.create("orphan")
+    with pytest.raises(ChannelTimeout):
+        channel.get(key=0, timeout=0.05)  # the driver reads key 0, the worker key 1
+    doomed.read_key(channel, 1).wait(timeout=30)
+    doomed.put_one(channel, 0, 1.0).wait(timeout=30)
+    assert channel.get(key=0, timeout=5) == 1.0
+    with pytest.raises(WorkerError):
+        doomed.die().wait(timeout=30)
+    start = time.monotonic()
+    with pytest.raises(ChannelError, match=r"channel 'orphan' key 0: its writer, doomed rank 0 \(pid \d+\), is gone"):
+        channel.get(key=0, timeout=30)
+    with pytest.raises(ChannelError, match=r"channel 'orphan' key 1: its reader, doomed rank 0 \(pid \d+\), is gone"):
+        channel.put("too late", key=1, timeout=30)
+    assert time.monotonic() - start < 5

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
@@ -21,7 +22,8 @@ from ray.util.placement_group import placement_group_table
 
 from rlplace.core.config import ClusterConfig
 from rlplace.placement.placement import Placement
-from rlplace.scheduler import Cluster, ClusterError, Worker
+from rlplace.scheduler import Channel, Cluster, ClusterError, Worker
+from rlplace.scheduler.mailbox import mailbox
 from tests.scheduler.helpers import on_devices
 
 
@@ -35,6 +37,12 @@ class Where(Worker):
             "cores": sorted(os.sched_getaffinity(0)),
             "resources": ray.get_runtime_context().get_assigned_resources(),
         }
+
+
+class Echo(Worker):
+    def echo(self, ping: Channel, pong: Channel, count: int) -> None:
+        for _ in range(count):
+            pong.put(ping.get(timeout=30), timeout=30)
 
 
 def free_gpus_become(expected: float, timeout: float = 10.0) -> bool:
@@ -108,6 +116,20 @@ def test_cpu_devices_of_a_remote_node_own_its_cores(ray_cluster: RayTestCluster)
             assert seen["node_id"] == cluster.node_ids[1]
             assert seen["cores"] == list(cluster.cores_of(1, local))  # cores asked of node 1 itself
             assert seen["env"]["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_channel_crosses_nodes_directly(ray_cluster: RayTestCluster) -> None:
+    """The driver on node 0 and a worker on node 1 ping-pong through two bounded channels (TCP between nodes)."""
+    with Cluster(ClusterConfig(num_nodes=2, num_devices_per_node=2, address=ray_cluster.address)) as cluster:
+        far = Echo.create_group().launch(cluster, name="far", placement_strategy=on_devices((0,), node_rank=1))
+        ping, pong = Channel.create("ping", maxsize=1), Channel.create("pong", maxsize=1)
+        echoed = far.echo(ping, pong, 20)
+        for i in range(20):
+            ping.put(np.full(1024, i), timeout=30)
+            assert pong.get(timeout=30)[0] == i
+        echoed.wait(timeout=30)
+        (reader,) = {address for (channel, _), address in mailbox().readers.items() if channel == ping._id}
+        assert reader.node_id == cluster.node_ids[1] and reader.name.startswith("far rank 0")
 
 
 def test_attaching_refuses_a_cluster_smaller_than_declared(ray_cluster: RayTestCluster) -> None:

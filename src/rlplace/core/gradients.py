@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-import torch.distributed as dist
 
 
-def average_grads(grads: list[torch.Tensor], world_size: int) -> None:
-    """Average gradients over the ranks of the default process group in one all-reduce of a flattened buffer.
+def average_grads(grads: list[torch.Tensor], average: Callable[[torch.Tensor], None]) -> None:
+    """Average gradients over the ranks with one call of `average` (in place, e.g. `Worker.average_over_group`) on
+    a flattened buffer.
 
-    One flat buffer instead of one call per tensor: an all-reduce has a fixed cost per call that a many-layer
-    model would otherwise pay per parameter."""
+    One flat buffer instead of one call per tensor: each call has a fixed cost that a many-layer model would
+    otherwise pay per parameter."""
     flat = torch.cat([g.flatten() for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size
+    average(flat)
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))

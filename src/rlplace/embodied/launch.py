@@ -1,7 +1,7 @@
 """Launch an embodied run on a cluster: the env, rollout and actor groups where the placement says, then the loop.
 
-This is the whole user-facing flow (`Cluster` -> placement -> `create_group(...).launch(...)` -> runner), as
-`rlplace-train` runs it for an embodied task.
+This is the whole user-facing flow (`Cluster` -> placement -> `create_group(...).start(...)` for each group ->
+`wait_started` -> runner), as `rlplace-train` runs it for an embodied task.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rlplace.embodied.runner import EmbodiedRunner
 from rlplace.embodied.workers import ActorWorker, EnvWorker, RolloutWorker
 from rlplace.metrics import MetricLogger
 from rlplace.placement import HybridComponentPlacement
-from rlplace.scheduler import Cluster
+from rlplace.scheduler import Cluster, StartingGroup, WorkerGroupSpec, wait_started
 
 
 def train(
@@ -24,12 +24,16 @@ def train(
 ) -> dict[str, float]:
     """Start the groups, run the loop; returns the last step's metrics plus `run/*` and `final/*`."""
     placement = HybridComponentPlacement(cfg, cluster)
-    env = EnvWorker.create_group(cfg).launch(cluster, name="env", placement_strategy=placement.get_strategy("env"))
-    rollout = RolloutWorker.create_group(cfg, env.world_size, placement.get_world_size("actor")).launch(
-        cluster, name="rollout", placement_strategy=placement.get_strategy("rollout")
-    )
-    actor = ActorWorker.create_group(cfg, env.world_size * cfg.rollout.pipeline_stage_num).launch(
-        cluster, name="actor", placement_strategy=placement.get_strategy("actor")
+    env_world_size = placement.get_world_size("env")
+
+    def start(group: WorkerGroupSpec, name: str) -> StartingGroup:
+        return group.start(cluster, name=name, placement_strategy=placement.get_strategy(name))
+
+    # All three groups start before any is waited for, so their processes import torch and build models side by side.
+    env, rollout, actor = wait_started(
+        start(EnvWorker.create_group(cfg), "env"),
+        start(RolloutWorker.create_group(cfg, env_world_size, placement.get_world_size("actor")), "rollout"),
+        start(ActorWorker.create_group(cfg, env_world_size), "actor"),
     )
     runner = EmbodiedRunner(
         cfg,

@@ -87,6 +87,8 @@ class EmbodiedRunner:
         self.total_env_steps = 0
         self.checkpoint_root = run_dir / checkpoint.FOLDER
         self.identity = identity
+        self.generation_window = (0.0, 0.0)
+        """Unix times the last generation phase began and ended (time/generation_efficiency)."""
 
     def init_workers(self) -> None:
         """Restore from `runner.resume` if it names a checkpoint; start with the actor's weights on its devices."""
@@ -159,12 +161,14 @@ class EmbodiedRunner:
     def generate_rollouts(self, step: int, channels: Channels) -> tuple[list[EpisodeStats], int]:
         """Env, rollout and actor together: observations and actions through two channels, stage by stage, and
         trajectories into the actor. Returns the finished episodes and the env steps taken."""
+        start = time.time()
         with self.timer.phase("generate_rollouts"):
             episodes, served, _ = wait_all(
                 self.env.interact(self.cfg.rollout.num_steps, channels.obs, channels.actions),
                 self.rollout.generate(step, step, channels.obs, channels.actions, channels.trajectories),
                 self.actor.recv_rollout_batch(channels.trajectories),
             )
+        self.generation_window = (start, time.time())
         return episodes, sum(served)
 
     def compute_advantages_and_returns(self) -> None:
@@ -183,6 +187,7 @@ class EmbodiedRunner:
         collect_spans(self.timer, self.timeline, (self.actor, self.rollout, self.env))
         metrics["time/env"] = self.timeline.busy_seconds("env", t0, t1)
         metrics["time/rollout"] = self.timeline.busy_seconds("rollout", t0, t1)
+        metrics["time/generation_efficiency"] = self.generation_efficiency()
         metrics.update(throughput_metrics(metrics["time/step"], self.placement.num_devices, env_steps=env_steps))
         metrics.update(self.timeline.utilization(t0, t1))
         metrics.update(train)
@@ -199,6 +204,15 @@ class EmbodiedRunner:
         metrics["env/return_last20"] = self.mean_return()
         metrics["env/total_steps"] = self.total_env_steps
         return metrics
+
+    def generation_efficiency(self) -> float:
+        """Seconds the simulators and the policy inference computed during generation, over its length.
+
+        What is missing to 1 went to hand-offs and waiting. With one pipeline stage env and rollout take turns, so
+        it is at most 1; stages that overlap push it above 1."""
+        g0, g1 = self.generation_window
+        busy = self.timeline.busy_seconds("env", g0, g1) + self.timeline.busy_seconds("rollout", g0, g1)
+        return busy / (g1 - g0)
 
     def save_checkpoint(self, step: int) -> Path:
         """Actor weights, optimizer and RNGs, env simulators by global env index, and the runner's counters: one

@@ -2,7 +2,8 @@
 
 Each env worker splits its sub-envs into `pipeline_stage_num` stages; each stage is a *stream* with its own key in
 the two queues between env and rollout (observations one way, actions the other). Streams are dealt round-robin to
-rollout ranks, so with two stages a rollout rank infers stage s while its env worker simulates stage s+1.
+rollout ranks, so with two stages a rollout rank infers stage s while its env worker simulates stage s+1. A stream's
+trajectory goes in pieces to the actor ranks whose data-parallel shard it overlaps, and only to them.
 """
 
 from __future__ import annotations
@@ -44,3 +45,15 @@ def actor_shard(total_num_envs: int, actor_rank: int, actor_world_size: int) -> 
     """The env columns [start, end) an actor rank trains on."""
     per_rank = total_num_envs // actor_world_size
     return actor_rank * per_rank, (actor_rank + 1) * per_rank
+
+
+def actor_pieces(stream: Stream, total_num_envs: int, actor_world_size: int) -> list[tuple[int, int, int]]:
+    """The pieces of a stream's trajectory, one per actor rank whose shard overlaps the stream: (actor rank, first,
+    end) positions within the stream."""
+    pieces = []
+    for rank in range(actor_world_size):
+        low, high = actor_shard(total_num_envs, rank, actor_world_size)
+        start, end = max(low, stream.start), min(high, stream.end)
+        if start < end:
+            pieces.append((rank, start - stream.start, end - stream.start))
+    return pieces

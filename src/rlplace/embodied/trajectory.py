@@ -71,3 +71,7 @@ class Trajectory:
                 value[start:end] if f.name in ("env_indices", "last_value", "last_done") else value[:, start:end]
             )
         return Trajectory(**picked)
+
+    def clone(self) -> Trajectory:
+        """A copy in storage of its own: pickling a view (`columns`) would send the whole storage it looks into."""
+        return Trajectory(**{f.name: getattr(self, f.name).clone() for f in fields(Trajectory)})

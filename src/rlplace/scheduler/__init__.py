@@ -1,9 +1,9 @@
 """rlplace.scheduler: the only layer that talks to Ray.
 
-`Cluster` holds the Ray cluster and its devices; `Worker` subclasses are launched as `WorkerGroup`s whose method
-calls fan out to every rank and return a `GroupFuture` (`wait_all` waits on several at once); `Channel` queues
-data between groups; `Worker.broadcast` and `Worker.recv` move tensors between groups; `@timer` records where the
-time went.
+`Cluster` holds the Ray cluster and its devices; `Worker` subclasses are launched as `WorkerGroup`s (several side by
+side with `start` and `wait_started`) whose method calls fan out to every rank and return a `GroupFuture` (`wait_all`
+waits on several at once); `Channel` queues data between groups; `Worker.broadcast` and `Worker.recv` move tensors
+between groups; `@timer` records where the time went.
 
     with Cluster(cfg.cluster) as cluster:
         actor = ActorWorker.create_group(cfg).launch(cluster, name="actor", placement_strategy=strategy)
@@ -20,31 +20,35 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from rlplace.scheduler.errors import ChannelTimeout, ClusterError, WorkerError, WorkerTimeout
+from rlplace.scheduler.errors import ChannelError, ChannelTimeout, ClusterError, WorkerError, WorkerTimeout
 from rlplace.scheduler.timer import timer
 
 if TYPE_CHECKING:
     from rlplace.scheduler.channel import Channel
     from rlplace.scheduler.cluster import Cluster
     from rlplace.scheduler.future import GroupFuture, wait_all
-    from rlplace.scheduler.group import WorkerGroup, WorkerGroupSpec
+    from rlplace.scheduler.group import StartingGroup, WorkerGroup, WorkerGroupSpec, wait_started
     from rlplace.scheduler.worker import Worker
 
 _MODULE_OF = {
     "Channel": "channel",
     "Cluster": "cluster",
     "GroupFuture": "future",
+    "StartingGroup": "group",
     "Worker": "worker",
     "WorkerGroup": "group",
     "WorkerGroupSpec": "group",
     "wait_all": "future",
+    "wait_started": "group",
 }
 __all__ = [
     "Channel",
+    "ChannelError",
     "ChannelTimeout",
     "Cluster",
     "ClusterError",
     "GroupFuture",
+    "StartingGroup",
     "Worker",
     "WorkerError",
     "WorkerGroup",
@@ -52,6 +56,7 @@ __all__ = [
     "WorkerTimeout",
     "timer",
     "wait_all",
+    "wait_started",
 ]
 
 

@@ -1,138 +1,95 @@
-"""`Channel`: a FIFO between producer and consumer processes (env -> rollout -> actor), with backpressure.
+"""`Channel`: a keyed FIFO between processes (env <-> rollout -> actor, the reasoning stages), with backpressure.
 
 Decoupling producers from consumers lets pipeline stages run at their own rates, while `maxsize` keeps a fast
-producer from racing ahead of memory. The queue lives in a private async Ray actor; the small picklable `Channel`
-wrapper around its handle is what the runner creates and passes to worker methods as an argument. The actor has no
-name in Ray's namespace (the channel's name only labels messages), so two runs sharing one Ray never collide, and
-Ray ends it once no process holds a handle to it any more (or its creator exits).
+producer from racing ahead of memory. Each key is an independent FIFO with its own `maxsize`; the default key is
+None. Every blocking call takes a timeout and raises `ChannelTimeout` rather than blocking forever (None waits
+forever); a peer process that dies surfaces as a `ChannelError` naming it.
 
-Large items go to Ray's object store on the producer side (`ray.put`) and the actor holds only references, so large
-tensors are never copied through it; such an item is owned by the process that put it and stays readable while that
-process lives. Small items (observations and actions of a pipeline stage) travel inline in the queue call, which
-halves their latency.
+Items travel directly from the writing process to the reading one (`mailbox.py`: a Unix socket on one node, TCP
+across nodes), with no Ray call per item. A key has one reader: the first process that calls `get` on it. A small
+private Ray actor per channel, the registry, introduces writers to that reader once, and holds what writers put
+before the reader made itself known (the slow path, a few items at the start of a run). A bounded key (maxsize > 0)
+takes one writer, which counts the items the reader has not taken yet; an unbounded key takes any number of writers.
 
-Each key is an independent FIFO with its own `maxsize` (e.g. one per consumer rank); the default key is None.
-Every blocking call takes a timeout and raises `ChannelTimeout` rather than blocking forever; None waits forever.
+The registry is a named actor of the job, named by a random channel id (the channel's name only labels messages), so
+two runs sharing one Ray never collide; it ends with `close` or with the process that created the channel.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
+import pickle
+import secrets
+import time
 from collections import deque
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Hashable
 from typing import Any
 
-import numpy as np
 import ray
 from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rlplace.scheduler.errors import ChannelTimeout
-
-INLINE_BYTES = 64 * 1024
-"""Items up to this size travel inside the queue call itself: an object-store round trip costs more than they do."""
+from rlplace.scheduler.errors import ChannelError, ChannelTimeout
+from rlplace.scheduler.mailbox import Address, mailbox
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """A queued item: a reference to its value in the object store (Ray passes nested references unresolved), or
-    the value itself when it is small (`inline`)."""
+class _Backlog:
+    """A key's items put before its reader registered, pickled so the registry never imports what they hold."""
 
-    ref: Any
-    inline: bool = False
-
-    @staticmethod
-    def of(item: Any) -> _Entry:
-        if _nbytes(item) <= INLINE_BYTES:
-            return _Entry(item, inline=True)
-        return _Entry(ray.put(item))
-
-    def value(self) -> Any:
-        return self.ref if self.inline else ray.get(self.ref)
-
-
-def _nbytes(item: Any) -> float:
-    """Size of arrays and tensors (also in tuples, lists and dicts); anything else counts as large.
-
-    torch is looked up rather than imported: a process that never imported it holds no tensors, and the channel
-    actor's process, which imports this module, then starts without it (a second and a few hundred MB).
-    """
-    torch = sys.modules.get("torch")
-    if isinstance(item, np.ndarray):
-        return item.nbytes
-    if torch is not None and isinstance(item, torch.Tensor):
-        return item.numel() * item.element_size()
-    if isinstance(item, (tuple, list)):
-        return sum(_nbytes(x) for x in item)
-    if isinstance(item, dict):
-        return sum(_nbytes(x) for x in item.values())
-    if isinstance(item, (int, float, bool, str, bytes)) or item is None:
-        return 64 + (len(item) if isinstance(item, (str, bytes)) else 0)
-    return float("inf")
-
-
-class _KeyQueue:
-    """One key's FIFO. A single condition serves putters and getters; every change wakes all waiters."""
-
-    def __init__(self, maxsize: int) -> None:
-        self.items: deque[_Entry] = deque()
-        self.maxsize = maxsize
+    def __init__(self) -> None:
+        self.items: deque[bytes] = deque()
         self.changed = asyncio.Condition()
-
-    def full(self) -> bool:
-        return 0 < self.maxsize <= len(self.items)
-
-    async def put(self, entry: _Entry, timeout: float | None) -> bool:
-        async with self.changed:
-            if not await _wait_for(self.changed, lambda: not self.full(), timeout):
-                return False
-            self.items.append(entry)
-            self.changed.notify_all()
-            return True
-
-    async def get(self, timeout: float | None) -> _Entry | None:
-        async with self.changed:
-            if not await _wait_for(self.changed, lambda: bool(self.items), timeout):
-                return None
-            entry = self.items.popleft()
-            self.changed.notify_all()
-            return entry
-
-
-async def _wait_for(condition: asyncio.Condition, predicate: Callable[[], bool], timeout: float | None) -> bool:
-    try:
-        await asyncio.wait_for(condition.wait_for(predicate), timeout)
-    except TimeoutError:
-        return False
-    return True
 
 
 @ray.remote(num_cpus=0)
-class _ChannelActor:
-    """Holds the per-key queues of one channel; every method is async, so waiting calls never block the others."""
+class _Registry:
+    """Who reads each key of one channel, and the backlog of keys nobody reads yet. Every method is async, so a
+    writer waiting on a full backlog never blocks the reader that would drain it."""
 
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
-        self.queues: dict[Hashable, _KeyQueue] = {}
+        self.readers: dict[Hashable, Address] = {}
+        self.backlogs: dict[Hashable, _Backlog] = {}
 
-    def _queue(self, key: Hashable) -> _KeyQueue:
-        if key not in self.queues:
-            self.queues[key] = _KeyQueue(self.maxsize)
-        return self.queues[key]
+    def _backlog(self, key: Hashable) -> _Backlog:
+        if key not in self.backlogs:
+            self.backlogs[key] = _Backlog()
+        return self.backlogs[key]
 
-    async def put(self, key: Hashable, entry: _Entry, timeout: float | None) -> bool:
-        return await self._queue(key).put(entry, timeout)
+    async def register(self, key: Hashable, reader: Address) -> Address | list[bytes]:
+        """Make `reader` the key's reader and hand it the backlog; or, if another process reads the key, its
+        address."""
+        current = self.readers.setdefault(key, reader)
+        if current != reader:
+            return current
+        backlog = self._backlog(key)
+        async with backlog.changed:
+            items = list(backlog.items)
+            backlog.items.clear()
+            backlog.changed.notify_all()  # writers waiting for room now find the reader
+        return items
 
-    async def get(self, key: Hashable, timeout: float | None) -> _Entry | None:
-        return await self._queue(key).get(timeout)
+    async def put(self, key: Hashable, item: bytes, timeout: float | None) -> Address | bool:
+        """The key's reader, for the writer to send to directly; else queue `item` (True), waiting while the
+        backlog is full; False after `timeout`."""
+        backlog = self._backlog(key)
+        async with backlog.changed:
 
-    async def qsize(self, key: Hashable) -> int:
-        return len(self._queue(key).items)
+            def ready() -> bool:
+                return key in self.readers or not 0 < self.maxsize <= len(backlog.items)
 
-    async def full(self, key: Hashable) -> bool:
-        return self._queue(key).full()
+            try:
+                await asyncio.wait_for(backlog.changed.wait_for(ready), timeout)
+            except TimeoutError:
+                return False
+            if key in self.readers:
+                return self.readers[key]
+            backlog.items.append(item)
+            return True
+
+    async def lookup(self, key: Hashable) -> tuple[Address | None, int]:
+        """The key's reader if it has one, and the backlog's length."""
+        return self.readers.get(key), len(self._backlog(key).items)
 
 
 class Channel:
@@ -141,47 +98,116 @@ class Channel:
     `put` and `get` block up to `timeout` seconds, then raise `ChannelTimeout`.
     """
 
-    def __init__(self, name: str, actor: ActorHandle, maxsize: int) -> None:
-        """Wrap a channel actor; use `Channel.create` instead."""
+    def __init__(self, name: str, maxsize: int, channel_id: str) -> None:
+        """A handle on an existing channel; use `Channel.create` instead."""
         self.name = name
         self.maxsize = maxsize
-        self._actor = actor
+        self._id = channel_id
 
     @classmethod
     def create(cls, name: str, maxsize: int = 0) -> Channel:
         """A new channel labelled `name` in messages; `maxsize` bounds each key's queue, 0 = unbounded.
 
-        The channel lives on the caller's node, while some process holds it and the caller's process lives.
+        Its registry lives on the caller's node, while the caller's process lives or until `close`.
         """
         if maxsize < 0:
             raise ValueError(f"channel {name!r}: maxsize must be >= 0, got {maxsize}")
+        channel_id = secrets.token_hex(8)
         node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        return cls(name, _ChannelActor.options(scheduling_strategy=node).remote(maxsize), maxsize)
+        registry = _Registry.options(name=_registry_name(channel_id), scheduling_strategy=node).remote(maxsize)
+        _REGISTRIES[channel_id] = registry  # holds it: Ray ends an actor nobody holds a handle to
+        return cls(name, maxsize, channel_id)
+
+    @property
+    def _registry(self) -> ActorHandle:
+        """The registry, found by name once per process. A channel pickles as its name, size and id only: a Ray actor
+        handle costs a fraction of a millisecond to unpickle, in every worker call that passes the channel."""
+        if self._id not in _REGISTRIES:
+            _REGISTRIES[self._id] = ray.get_actor(_registry_name(self._id))
+        return _REGISTRIES[self._id]
 
     def put(self, item: Any, key: Hashable = None, timeout: float | None = None) -> None:
         """Append `item` to the queue of `key`, waiting while it is full; ChannelTimeout after `timeout` seconds."""
-        if not ray.get(self._actor.put.remote(key, _Entry.of(item), timeout)):
-            raise ChannelTimeout(self.name, key, "put", timeout)
+        box, queue, deadline = mailbox(), (self._id, key), _deadline(timeout)
+        with box.lock:
+            reader = box.readers.get(queue)
+            if reader is None:
+                reader = ray.get(self._registry.put.remote(key, pickle.dumps(item, protocol=5), timeout))
+                if reader is True:
+                    return
+                if reader is False:
+                    raise ChannelTimeout(self.name, key, "put", timeout)
+                box.readers[queue] = reader
+            if reader == box.address:
+                sent = box.put_local(queue, item, self.maxsize, deadline)
+            else:
+                sent = box.send(reader, queue, item, self.maxsize, deadline, self._where(key))
+            if not sent:
+                raise ChannelTimeout(self.name, key, "put", timeout)
 
     def get(self, key: Hashable = None, timeout: float | None = None) -> Any:
-        """Remove and return the oldest item of `key`, waiting while it is empty; ChannelTimeout after `timeout`."""
-        entry = ray.get(self._actor.get.remote(key, timeout))
-        if entry is None:
+        """Remove and return the oldest item of `key`, waiting while it is empty; ChannelTimeout after `timeout`.
+
+        The first `get` on a key makes this process its reader; another process's `get` on it is a ChannelError."""
+        box, queue = mailbox(), (self._id, key)
+        with box.lock:
+            self._register(key)
+            received, item = box.receive(queue, self.maxsize, _deadline(timeout), self._where(key))
+        if not received:
             raise ChannelTimeout(self.name, key, "get", timeout)
-        return entry.value()
+        return item
+
+    def _register(self, key: Hashable) -> None:
+        box, queue = mailbox(), (self._id, key)
+        if box.readers.get(queue) == box.address:
+            return
+        answer = ray.get(self._registry.register.remote(key, box.address))
+        if isinstance(answer, Address):
+            raise ChannelError(f"{self._where(key)} is read by {answer.name}; a key has one reader")
+        box.readers[queue] = box.address
+        box.inbox(queue).items.extendleft((pickle.loads(item), None) for item in reversed(answer))
 
     def qsize(self, key: Hashable = None) -> int:
-        return ray.get(self._actor.qsize.remote(key))
+        """The items in the queue of `key`; in a writing process, those of its own the reader has not taken."""
+        box, queue = mailbox(), (self._id, key)
+        with box.lock:
+            reader = box.readers.get(queue)
+            if reader is None:
+                reader, backlog = ray.get(self._registry.lookup.remote(key))
+                if reader is None:
+                    return backlog
+                box.readers[queue] = reader
+            box.pump(time.monotonic())  # take in what has arrived: items, or the reader's credit
+            if reader == box.address:
+                return len(box.inbox(queue).items)
+            return box.in_flight.get(queue, 0)
 
     def empty(self, key: Hashable = None) -> bool:
         return self.qsize(key) == 0
 
     def full(self, key: Hashable = None) -> bool:
-        return ray.get(self._actor.full.remote(key))
+        return 0 < self.maxsize <= self.qsize(key)
 
     def close(self) -> None:
-        """Destroy the channel and the items still in it."""
-        ray.kill(self._actor)
+        """Destroy the channel's registry and this process's items of it."""
+        ray.kill(self._registry)
+        del _REGISTRIES[self._id]
+        mailbox().forget(self._id)
+
+    def _where(self, key: Hashable) -> str:
+        return f"channel {self.name!r}" if key is None else f"channel {self.name!r} key {key!r}"
 
     def __repr__(self) -> str:
         return f"Channel(name={self.name!r}, maxsize={self.maxsize})"
+
+
+_REGISTRIES: dict[str, ActorHandle] = {}
+"""The registries this process created or looked up, by channel id."""
+
+
+def _registry_name(channel_id: str) -> str:
+    return f"rlplace-channel-{channel_id}"
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout

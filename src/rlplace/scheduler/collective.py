@@ -110,7 +110,7 @@ class _PairComm:
         actor = ray.get_actor(rendezvous)
         if self.rank == 0:
             self.store = dist.TCPStore(host, 0, None, True, TIMEOUT, wait_for_workers=False)
-            ray.get(actor.publish.remote(key, host, self.store.port))
+            ray.get(actor.publish.remote(key, (host, self.store.port)))
         else:
             address = ray.get(actor.lookup.remote(key, TIMEOUT.total_seconds()))
             if address is None:

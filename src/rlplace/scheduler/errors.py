@@ -57,3 +57,8 @@ class ChannelTimeout(TimeoutError):
         self.key = key
         self.operation = operation
         self.timeout = timeout
+
+
+class ChannelError(RuntimeError):
+    """A channel cannot deliver: the process at the other end is gone, or a key is used against its rules (a second
+    reader, a second writer of a bounded key). The message names the channel, the key and the peer."""

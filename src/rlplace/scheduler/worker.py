@@ -25,6 +25,7 @@ from rlplace.placement.placement import Placement
 from rlplace.scheduler.collective import Payload, Transfers
 from rlplace.scheduler.context import WorkerContext
 from rlplace.scheduler.group import WorkerGroupSpec
+from rlplace.scheduler.group_mean import GroupMean
 
 
 class Worker:
@@ -38,6 +39,7 @@ class Worker:
     _context: WorkerContext
     _spans: list[Span]
     _transfers: Transfers
+    _group_mean: GroupMean
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Worker:
         self = super().__new__(cls)
@@ -53,6 +55,7 @@ class Worker:
         self._context = context
         self._spans = []
         self._transfers = Transfers(context, self.device)
+        self._group_mean = GroupMean(context)
         if context.cores:
             _pin_process(context.cores)
         return self
@@ -103,6 +106,11 @@ class Worker:
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
+
+    def average_over_group(self, tensor: torch.Tensor) -> None:
+        """Replace `tensor` by its mean over this group's ranks, in place (data-parallel gradients); every rank calls
+        it in the same order. Small CPU tensors go rank to rank, others through `init_process_group`'s group."""
+        self._group_mean(tensor)
 
     def broadcast(self, payload: Payload, dst_group: str) -> None:
         """Send a tensor or a (nested) dict/list of tensors to every rank of `dst_group` (e.g. weight sync); each of

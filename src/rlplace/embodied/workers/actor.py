@@ -20,15 +20,21 @@ from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
 from rlplace.embodied.ppo import ppo_update
-from rlplace.embodied.streams import actor_shard
+from rlplace.embodied.streams import actor_pieces, all_streams
 from rlplace.embodied.trajectory import Trajectory
 from rlplace.scheduler import Channel, Worker, timer
 
 
 class ActorWorker(Worker):
-    def __init__(self, cfg: EmbodiedConfig, num_streams: int) -> None:
+    def __init__(self, cfg: EmbodiedConfig, env_world_size: int) -> None:
         self.cfg = cfg
-        self.num_streams = num_streams
+        streams = all_streams(cfg.task.total_num_envs, env_world_size, cfg.rollout.pipeline_stage_num)
+        self.num_pieces = sum(
+            rank == self.rank
+            for stream in streams
+            for rank, _, _ in actor_pieces(stream, cfg.task.total_num_envs, self.world_size)
+        )
+        """Trajectory pieces per step: one from each stream that overlaps this rank's shard."""
         spec = env_spec(cfg.task.env_id)
         torch.manual_seed(cfg.runner.seed)
         self.model = MLPActorCritic(spec.obs_dim, spec.action, cfg.model.hidden_sizes, cfg.model.activation)
@@ -37,7 +43,6 @@ class ActorWorker(Worker):
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
         self.version = 0
         """Weight version: the number of PPO updates these weights have had."""
-        self.shard = actor_shard(cfg.task.total_num_envs, self.rank, self.world_size)
         self.batch: Trajectory | None = None
         self.advantages: torch.Tensor | None = None
         self.returns: torch.Tensor | None = None
@@ -53,13 +58,13 @@ class ActorWorker(Worker):
         return self.version
 
     def recv_rollout_batch(self, trajectory_channel: Channel) -> int:
-        """Collect every stream's trajectory from `trajectory_channel` and keep this rank's env columns.
+        """Collect the pieces of trajectory of this rank's env columns from `trajectory_channel`.
 
         Not timed as a whole: it mostly waits for the rollout, and the timeline should show the actor idle then.
         """
-        parts = [trajectory_channel.get(key=f"actor{self.rank}") for _ in range(self.num_streams)]
+        parts = [trajectory_channel.get(key=f"actor{self.rank}") for _ in range(self.num_pieces)]
         with self.span("recv_rollout_batch"):
-            self.batch = Trajectory.merge(parts).columns(*self.shard)
+            self.batch = Trajectory.merge(parts)
         return int(self.batch.rewards.numel())
 
     @timer("advantages")
@@ -91,7 +96,7 @@ class ActorWorker(Worker):
         return stats
 
     def _average_grads(self, grads: list[torch.Tensor]) -> None:
-        average_grads(grads, self.world_size)
+        average_grads(grads, self.average_over_group)
 
     @timer("offload")
     def offload(self) -> int:

@@ -15,7 +15,7 @@ from rlplace.core.weights import StaleWeightsError, receive_weights
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.streams import all_streams, streams_of_rollout
+from rlplace.embodied.streams import actor_pieces, all_streams, streams_of_rollout
 from rlplace.embodied.trajectory import Trajectory
 from rlplace.scheduler import Channel, Worker, timer
 
@@ -44,7 +44,8 @@ class RolloutWorker(Worker):
     def generate(
         self, step: int, version: int, obs_channel: Channel, action_channel: Channel, trajectory_channel: Channel
     ) -> int:
-        """Answer `rollout.num_steps` observations on each of this rank's streams; send trajectories to the actor.
+        """Answer `rollout.num_steps` observations on each of this rank's streams; send each actor rank the columns
+        of the trajectories it trains on.
 
         `step` is the training step: the noise for env i at its t-th action of this step is keyed by
         `step * num_steps + t`, a global env-step counter. Returns the number of env steps served.
@@ -60,27 +61,24 @@ class RolloutWorker(Worker):
         ]
         for t in range(num_steps + 1):
             for stream, traj in zip(self.streams, buffers, strict=True):
-                obs, reward, done = obs_channel.get(key=stream.key)
-                obs, done = torch.tensor(obs), torch.tensor(done)  # copies: Ray hands over read-only arrays
-                if t > 0:
-                    traj.rewards[t - 1] = torch.tensor(reward)
-                if t == num_steps:
-                    with self.span("rollout_infer"):
-                        traj.last_value = self.model.value(obs.to(self.device)).cpu()
-                    traj.last_done = done
-                    continue
+                obs, reward, done = (torch.from_numpy(a) for a in obs_channel.get(key=stream.key))
                 with self.span("rollout_infer"):
+                    if t > 0:
+                        traj.rewards[t - 1] = reward
+                    if t == num_steps:
+                        traj.last_value, traj.last_done = self.model.value(obs.to(self.device)).cpu(), done
+                        continue
                     noise = uniform_noise(
                         self.cfg.runner.seed, traj.env_indices, step * num_steps + t, self.model.noise_dim
                     )
                     action, logprob, value = self.model.act(obs.to(self.device), noise.to(self.device))
                     action, logprob, value = action.cpu(), logprob.cpu(), value.cpu()
+                    traj.obs[t], traj.dones[t], traj.actions[t] = obs, done, action.to(traj.actions.dtype)
+                    traj.logprobs[t], traj.values[t] = logprob, value
                 action_channel.put(action.numpy(), key=stream.key)
-                traj.obs[t], traj.dones[t], traj.actions[t] = obs, done, action.to(traj.actions.dtype)
-                traj.logprobs[t], traj.values[t] = logprob, value
-        for traj in buffers:
-            for actor_rank in range(self.actor_world_size):
-                trajectory_channel.put(traj, key=f"actor{actor_rank}")
+        for stream, traj in zip(self.streams, buffers, strict=True):
+            for actor_rank, start, end in actor_pieces(stream, self.cfg.task.total_num_envs, self.actor_world_size):
+                trajectory_channel.put(traj.columns(start, end).clone(), key=f"actor{actor_rank}")
         return num_steps * sum(s.end - s.start for s in self.streams)
 
     @timer("offload")

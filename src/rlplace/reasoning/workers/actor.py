@@ -118,7 +118,7 @@ class LLMActorWorker(Worker):
         return stats
 
     def _average_grads(self, module: nn.Module) -> None:
-        average_grads([p.grad for p in module.parameters() if p.grad is not None], self.world_size)
+        average_grads([p.grad for p in module.parameters() if p.grad is not None], self.average_over_group)
 
     def save_checkpoint(self, folder: str) -> None:
         """Rank 0 writes the policy (and critic) with their optimizers, the minibatch generator, the process's RNG

@@ -1,0 +1,345 @@
+"""The process-wide transport under `Channel`: direct sockets between worker processes, no Ray call per item.
+
+A hand-off through a Ray actor costs two actor calls (a few milliseconds on a small machine); a socket between the
+two processes costs two system calls (tens of microseconds). So every process that uses a channel gets one
+`Mailbox`: a listening Unix socket in the abstract namespace for peers on its node (no file to clean up) and a TCP
+socket for peers on other nodes, plus one connection per peer, in both directions. Items a reader has not asked for
+yet wait in its socket buffer or in its inbox, so writers never wait for a reader that is busy computing.
+
+There is no thread: a process moves data only inside its own channel calls (`pump`), which read every connection
+that has something, accept new peers and answer nothing. So a call never waits for another process to be in a
+channel call, except where that is the point: a `get` on an empty key, or a `put` on a key whose bounded queue the
+reader has not drained. The reader's `get` owes the writer a credit (`taken`); credits ride along with the next frame
+to that writer (in an env <-> rollout ping-pong, with the reply) or go on their own before the reader waits, so a
+hand-off costs one frame each way.
+
+Frames are an 8-byte length and a pickle (protocol 5). The first frame on a connection is the connecting peer's
+`hello`: the listener's token, which only the channel registry hands out, and the peer's name for messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import secrets
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from rlplace.scheduler.context import WorkerContext
+from rlplace.scheduler.errors import ChannelError
+
+_HEADER = struct.Struct("!Q")
+_RECV_BYTES = 64 << 10
+"""Read at most this much per call: a buffer this small is allocated without mapping fresh pages."""
+
+QueueId = tuple[str, Hashable]
+"""A channel's id and one of its keys: one FIFO."""
+
+
+@dataclass(frozen=True)
+class Address:
+    """How to reach a mailbox: its node, its sockets, the token it accepts, and the name errors give it."""
+
+    node_id: str
+    unix: str
+    host: str
+    port: int
+    token: bytes
+    name: str
+
+
+@dataclass(eq=False)
+class _Peer:
+    """One connection to another process, and what has been read from it but not yet parsed."""
+
+    sock: socket.socket
+    address: Address | None = None
+    """The other process's mailbox; None on an accepted connection until its hello proved it."""
+    buffer: bytearray = field(default_factory=bytearray)
+    closed: bool = False
+
+    @property
+    def name(self) -> str:
+        return "a process that has not said hello" if self.address is None else self.address.name
+
+
+@dataclass
+class _Inbox:
+    """One FIFO this process reads: items with the peer that sent each (None: this process, or the registry's
+    backlog), and every peer that ever wrote to it (for the one-writer rule of bounded keys and for naming the
+    writer that died)."""
+
+    items: deque[tuple[Any, _Peer | None]] = field(default_factory=deque)
+    writers: set[_Peer] = field(default_factory=set)
+
+
+def _process_name() -> str:
+    context = WorkerContext.from_env()
+    if context is None:
+        return f"the driver (pid {os.getpid()})"
+    return f"{context.group_name} rank {context.placement.rank} (pid {os.getpid()})"
+
+
+class Mailbox:
+    """This process's end of every channel: its listening sockets, its peers, the FIFOs it reads, and its credit
+    on the bounded FIFOs it writes. Use `mailbox()`; calls from several threads take turns."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.selector = selectors.DefaultSelector()
+        token = secrets.token_bytes(16)
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(f"\0rlplace-{os.getpid()}-{secrets.token_hex(8)}")
+        host = ray.util.get_node_ip_address()
+        tcp = socket.create_server((host, 0), backlog=64)
+        for listener in (unix, tcp):
+            listener.listen(64)
+            listener.setblocking(False)
+            self.selector.register(listener, selectors.EVENT_READ, None)
+        self.address = Address(
+            node_id=ray.get_runtime_context().get_node_id(),
+            unix=unix.getsockname(),
+            host=host,
+            port=tcp.getsockname()[1],
+            token=token,
+            name=_process_name(),
+        )
+        self.peers: dict[Address, _Peer] = {}
+        """Connections this process opened, by the address they go to."""
+        self.accepted: dict[Address, _Peer] = {}
+        """Connections other processes opened to this one, by their address."""
+        self.readers: dict[QueueId, Address] = {}
+        """The reader of every queue this process has written to or read, once the registry named it."""
+        self.inboxes: dict[QueueId, _Inbox] = {}
+        self.in_flight: dict[QueueId, int] = {}
+        """Per bounded FIFO this process writes to elsewhere: items sent that the reader has not taken yet."""
+        self.owed: dict[Address, list[QueueId]] = {}
+        """Credits this process owes its writers: one queue id per item taken, not yet sent back."""
+
+    # -- writing -------------------------------------------------------------------------------------------------
+
+    def send(self, to: Address, queue: QueueId, item: Any, maxsize: int, deadline: float | None, where: str) -> bool:
+        """Send `item` into `queue`, read by the mailbox at `to`; False when a bounded queue stayed full until
+        `deadline` (a `time.monotonic()` value, None: no limit). Raises ChannelError, starting with `where`, when
+        the reader is gone."""
+        gone = f"{where}: its reader, {to.name}, is gone"
+        peer = self._connect(to, gone)
+        if maxsize > 0:
+            while self.in_flight.get(queue, 0) >= maxsize:
+                if peer.closed:
+                    raise ChannelError(gone)
+                if not self.pump(deadline):
+                    return False
+            self.in_flight[queue] = self.in_flight.get(queue, 0) + 1
+        self._write(peer, ("put", queue, item, self.owed.pop(to, [])), gone)
+        return True
+
+    def _connect(self, to: Address, gone: str) -> _Peer:
+        peer = self.peers.get(to)
+        if peer is not None and not peer.closed:
+            return peer
+        if to.node_id == self.address.node_id:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            target: Any = to.unix
+        else:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            target = (to.host, to.port)
+        try:
+            sock.connect(target)
+        except OSError as error:
+            sock.close()
+            raise ChannelError(f"{gone} ({error.strerror.lower()} at {target!r})") from error
+        peer = self.peers[to] = self._add_peer(sock, to)  # it is this side that proves itself, with the hello
+        self._write(peer, ("hello", to.token, self.address), gone)
+        return peer
+
+    def _add_peer(self, sock: socket.socket, address: Address | None) -> _Peer:
+        sock.setblocking(False)
+        peer = _Peer(sock, address)
+        self.selector.register(sock, selectors.EVENT_READ, peer)
+        return peer
+
+    def _write(self, peer: _Peer, message: tuple[Any, ...], gone: str) -> None:
+        """Send one frame; while the peer's socket is full, keep reading every connection, so that two processes
+        sending to each other at once cannot both block."""
+        payload = pickle.dumps(message, protocol=5)
+        data = memoryview(_HEADER.pack(len(payload)) + payload)
+        while data:
+            if peer.closed:
+                raise ChannelError(gone)
+            try:
+                data = data[peer.sock.send(data) :]
+            except BlockingIOError:
+                self._wait_writable(peer)
+            except OSError as error:
+                self._close(peer)
+                raise ChannelError(gone) from error
+
+    def _wait_writable(self, peer: _Peer) -> None:
+        self.selector.modify(peer.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, peer)
+        try:
+            self.pump(time.monotonic() + 1.0)
+        finally:
+            if not peer.closed:
+                self.selector.modify(peer.sock, selectors.EVENT_READ, peer)
+
+    # -- reading -------------------------------------------------------------------------------------------------
+
+    def inbox(self, queue: QueueId) -> _Inbox:
+        if queue not in self.inboxes:
+            self.inboxes[queue] = _Inbox()
+        return self.inboxes[queue]
+
+    def receive(self, queue: QueueId, maxsize: int, deadline: float | None, where: str) -> tuple[bool, Any]:
+        """Take the oldest item of a queue this process reads: (True, item), or (False, None) at `deadline`.
+
+        Gives the writer its credit back on a bounded queue. Raises ChannelError, starting with `where`, when the
+        queue is empty and every process that wrote to it is gone, or when a bounded queue has a second writer."""
+        inbox = self.inbox(queue)
+        while not inbox.items:
+            if inbox.writers and all(w.closed for w in inbox.writers):
+                raise ChannelError(f"{where}: its writer, {_names(inbox.writers)}, is gone")
+            if not self.pump(deadline):
+                return False, None
+        item, writer = inbox.items.popleft()
+        if maxsize > 0 and writer is not None:
+            if len(inbox.writers) > 1:
+                raise ChannelError(
+                    f"{where} has maxsize {maxsize} and several writers ({_names(inbox.writers)}): a bounded key "
+                    "takes one writer, an unbounded one any number"
+                )
+            self._owe(writer, queue, maxsize)
+        return True, item
+
+    def _owe(self, writer: _Peer, queue: QueueId, maxsize: int) -> None:
+        """Owe the writer a credit for an item taken. Up to maxsize - 1 credits per queue may wait for a frame to
+        ride with, so a writer always has room for one more item while its reader computes; then they go at once."""
+        assert writer.address is not None  # a writer said hello before its first item
+        owed = self.owed.setdefault(writer.address, [])
+        owed.append(queue)
+        if owed.count(queue) >= maxsize:
+            self._pay(writer.address)
+
+    def put_local(self, queue: QueueId, item: Any, maxsize: int, deadline: float | None) -> bool:
+        """Append to a queue this process reads itself; False when a bounded queue stayed full until `deadline`."""
+        inbox = self.inbox(queue)
+        while 0 < maxsize <= len(inbox.items):
+            if not self.pump(deadline):
+                return False
+        inbox.items.append((item, None))
+        return True
+
+    def pump(self, deadline: float | None) -> bool:
+        """Wait for something to happen on any socket until `deadline`, then handle all of it: accept peers, read
+        frames. False when nothing happened before the deadline."""
+        self._pay_credits()
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        events = self.selector.select(timeout)
+        for key, mask in events:
+            if key.data is None:
+                self._accept(key.fileobj)  # type: ignore[arg-type]
+            elif mask & selectors.EVENT_READ:
+                self._read(key.data)
+        return bool(events)
+
+    def _pay_credits(self) -> None:
+        """Send the credits still owed, before waiting: a writer may be waiting for them."""
+        for address in list(self.owed):
+            self._pay(address)
+
+    def _pay(self, address: Address) -> None:
+        queues = self.owed.pop(address)
+        with contextlib.suppress(ChannelError):  # a writer that is gone needs no credit
+            self._write(self.accepted[address], ("taken", queues), f"{address.name} is gone")
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            sock, _ = listener.accept()
+        except BlockingIOError:
+            return
+        if sock.family == socket.AF_INET:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._add_peer(sock, None)
+
+    def _read(self, peer: _Peer) -> None:
+        try:
+            chunk = peer.sock.recv(_RECV_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._close(peer)
+            return
+        peer.buffer += chunk
+        while len(peer.buffer) >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(peer.buffer)
+            end = _HEADER.size + length
+            if len(peer.buffer) < end:
+                break
+            message = pickle.loads(memoryview(peer.buffer)[_HEADER.size : end])
+            del peer.buffer[:end]
+            self._handle(peer, message)
+            if peer.closed:
+                return
+
+    def _handle(self, peer: _Peer, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if peer.address is None:
+            if kind == "hello" and secrets.compare_digest(message[1], self.address.token):
+                peer.address = message[2]
+                self.accepted[peer.address] = peer
+            else:
+                self._close(peer)  # not a process the registry introduced
+        elif kind == "put":
+            inbox = self.inbox(message[1])
+            inbox.items.append((message[2], peer))
+            inbox.writers.add(peer)
+            self._credit(message[3])
+        elif kind == "taken":
+            self._credit(message[1])
+
+    def _credit(self, queues: Sequence[QueueId]) -> None:
+        for queue in queues:
+            if queue in self.in_flight:  # not yet forgotten
+                self.in_flight[queue] -= 1
+
+    def _close(self, peer: _Peer) -> None:
+        if not peer.closed:
+            peer.closed = True
+            self.selector.unregister(peer.sock)
+            peer.sock.close()
+
+    def forget(self, channel_id: str) -> None:
+        """Drop this process's state of a closed channel."""
+        for table in (self.readers, self.inboxes, self.in_flight):
+            for queue in [q for q in table if q[0] == channel_id]:
+                del table[queue]  # type: ignore[attr-defined]
+
+
+def _names(peers: set[_Peer]) -> str:
+    return ", ".join(sorted(peer.name for peer in peers))
+
+
+_MAILBOX: Mailbox | None = None
+_MAILBOX_LOCK = threading.Lock()
+
+
+def mailbox() -> Mailbox:
+    """This process's mailbox, opened on first use (in a process connected to Ray)."""
+    global _MAILBOX
+    with _MAILBOX_LOCK:
+        if _MAILBOX is None or _MAILBOX.address.node_id != ray.get_runtime_context().get_node_id():
+            _MAILBOX = Mailbox()
+        return _MAILBOX
