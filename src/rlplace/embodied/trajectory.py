@@ -72,6 +72,3 @@ class Trajectory:
             )
         return Trajectory(**picked)
 
-    def clone(self) -> Trajectory:
-        """A copy in storage of its own: pickling a view (`columns`) would send the whole storage it looks into."""
-        return Trajectory(**{f.name: getattr(self, f.name).clone() for f in fields(Trajectory)})

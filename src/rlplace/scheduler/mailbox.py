@@ -13,19 +13,23 @@ reader has not drained. The reader's `get` owes the writer a credit (`taken`); c
 to that writer (in an env <-> rollout ping-pong, with the reply) or go on their own before the reader waits, so a
 hand-off costs one frame each way.
 
-Frames are an 8-byte length and a pickle (protocol 5). The first frame on a connection is the connecting peer's
-`hello`: the listener's token, which only the channel registry hands out, and the peer's name for messages.
+Frames are an 8-byte length and a pickle (protocol 5), in which a CPU tensor travels as a numpy array: torch's own
+pickling of a tensor costs about 20 times as much (130 us against 7 us for 18 KB), and a view sends only its own
+elements. The first frame on a connection is the connecting peer's `hello`: the listener's token, which only the
+registry hands out, and the peer's address.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import secrets
 import selectors
 import socket
 import struct
+import sys
 import threading
 import time
 from collections import deque
@@ -41,6 +45,9 @@ from rlplace.scheduler.errors import ChannelError
 _HEADER = struct.Struct("!Q")
 _RECV_BYTES = 64 << 10
 """Read at most this much per call: a buffer this small is allocated without mapping fresh pages."""
+
+_NOT_IN_NUMPY = {"torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2", "torch.complex32"}
+"""Tensor dtypes numpy has no type for (compared by name, so that this module need not import torch)."""
 
 QueueId = tuple[str, Hashable]
 """A channel's id and one of its keys: one FIFO."""
@@ -81,6 +88,28 @@ class _Inbox:
 
     items: deque[tuple[Any, _Peer | None]] = field(default_factory=deque)
     writers: set[_Peer] = field(default_factory=set)
+
+
+class _Pickler(pickle.Pickler):
+    """pickle, with CPU tensors that numpy can hold pickled as numpy arrays."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")  # a process without torch holds no tensors
+        if (
+            torch is not None
+            and type(obj) is torch.Tensor
+            and obj.device.type == "cpu"
+            and not obj.requires_grad
+            and str(obj.dtype) not in _NOT_IN_NUMPY
+        ):
+            return torch.from_numpy, (obj.numpy(),)
+        return NotImplemented
+
+
+def _dumps(message: tuple[Any, ...]) -> bytes:
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=5).dump(message)
+    return buffer.getvalue()
 
 
 def _process_name() -> str:
@@ -173,7 +202,7 @@ class Mailbox:
     def _write(self, peer: _Peer, message: tuple[Any, ...], gone: str) -> None:
         """Send one frame; while the peer's socket is full, keep reading every connection, so that two processes
         sending to each other at once cannot both block."""
-        payload = pickle.dumps(message, protocol=5)
+        payload = _dumps(message)
         data = memoryview(_HEADER.pack(len(payload)) + payload)
         while data:
             if peer.closed:

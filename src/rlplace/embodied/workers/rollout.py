@@ -78,7 +78,7 @@ class RolloutWorker(Worker):
                 action_channel.put(action.numpy(), key=stream.key)
         for stream, traj in zip(self.streams, buffers, strict=True):
             for actor_rank, start, end in actor_pieces(stream, self.cfg.task.total_num_envs, self.actor_world_size):
-                trajectory_channel.put(traj.columns(start, end).clone(), key=f"actor{actor_rank}")
+                trajectory_channel.put(traj.columns(start, end), key=f"actor{actor_rank}")  # a view sends its columns only
         return num_steps * sum(s.end - s.start for s in self.streams)
 
     @timer("offload")
