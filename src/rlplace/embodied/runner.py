@@ -163,11 +163,10 @@ class EmbodiedRunner:
         trajectories into the actor. Returns the finished episodes and the env steps taken."""
         start = time.time()
         with self.timer.phase("generate_rollouts"):
-            episodes, served, _ = wait_all(
-                self.env.interact(self.cfg.rollout.num_steps, channels.obs, channels.actions),
-                self.rollout.generate(step, step, channels.obs, channels.actions, channels.trajectories),
-                self.actor.recv_rollout_batch(channels.trajectories),
-            )
+            # The rollout first: its call is the one the step waits for (the env's first observations are queued).
+            generated = self.rollout.generate(step, step, channels.obs, channels.actions, channels.trajectories)
+            interacted = self.env.interact(self.cfg.rollout.num_steps, channels.obs, channels.actions)
+            served, episodes, _ = wait_all(generated, interacted, self.actor.recv_rollout_batch(channels.trajectories))
         self.generation_window = (start, time.time())
         return episodes, sum(served)
 

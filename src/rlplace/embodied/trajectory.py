@@ -71,4 +71,3 @@ class Trajectory:
                 value[start:end] if f.name in ("env_indices", "last_value", "last_done") else value[:, start:end]
             )
         return Trajectory(**picked)
-

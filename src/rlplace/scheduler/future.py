@@ -44,7 +44,7 @@ class GroupFuture:
 
     def done(self) -> bool:
         """True once every rank finished, or any rank failed (then `wait()` raises at once)."""
-        self._collect(timeout=0)
+        _collect((self,), timeout=0)
         return self._error is not None or len(self._results) == len(self.refs)
 
     def wait(self, timeout: float | None = None) -> list[Any]:
@@ -54,36 +54,7 @@ class GroupFuture:
         others, and `WorkerTimeout` (a `TimeoutError`) when `timeout` seconds, or without one the future's
         `deadline_s`, pass first.
         """
-        timeout, reason = _timeout_and_reason(timeout, (self,))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._collect(timeout=_POLL_S if remaining is None else min(_POLL_S, remaining))
-            if self._error is not None:
-                raise self._error
-            if len(self._results) == len(self.refs):
-                return [self._results[i] for i in range(len(self.refs))]
-            if remaining == 0.0:
-                raise self._timeout(timeout, reason)
-
-    def _collect(self, timeout: float) -> None:
-        """Fetch the results that are ready, waiting up to `timeout` for the first one."""
-        pending = [ref for i, ref in enumerate(self.refs) if i not in self._results]
-        if not pending or self._error is not None:
-            return
-        ready, _ = ray.wait(pending, num_returns=1, timeout=timeout)
-        if ready:
-            ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
-        errors = {}
-        for ref in ready:  # fetch every ready result, so that no failure goes unretrieved (Ray would log it)
-            index = self.refs.index(ref)
-            try:
-                self._results[index] = ray.get(ref)
-            except RayError as error:
-                errors[index] = error
-        if errors:
-            first = min(errors)
-            self._error = self._translate(self.ranks[first], errors[first])
+        return wait_all(self, timeout=timeout)[0]
 
     def _timeout(self, seconds: float, reason: str) -> WorkerTimeout:
         pending = [rank for i, rank in enumerate(self.ranks) if i not in self._results]
@@ -120,17 +91,44 @@ def wait_all(*futures: GroupFuture, timeout: float | None = None) -> list[list[A
     timeout, reason = _timeout_and_reason(timeout, futures)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        _collect(futures, timeout=_POLL_S if remaining is None else min(_POLL_S, remaining))
         for future in futures:
-            future._collect(timeout=0)
             if future._error is not None:
                 raise future._error
         if all(len(future._results) == len(future.refs) for future in futures):
-            return [future.wait() for future in futures]
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return [[future._results[i] for i in range(len(future.refs))] for future in futures]
         if remaining == 0.0:
             raise next(future for future in futures if not future.done())._timeout(timeout, reason)
-        pending_refs = [ref for future in futures for i, ref in enumerate(future.refs) if i not in future._results]
-        ray.wait(pending_refs, num_returns=1, timeout=_POLL_S if remaining is None else min(_POLL_S, remaining))
+
+
+def _collect(futures: Sequence[GroupFuture], timeout: float) -> None:
+    """Fetch every result of `futures` that is ready, waiting up to `timeout` for the first one.
+
+    One `ray.wait` over the refs of all of them: a step's calls finish close together, and each Ray call the driver
+    makes between them is time the step waits."""
+    owners = {
+        ref: (future, i)
+        for future in futures
+        if future._error is None
+        for i, ref in enumerate(future.refs)
+        if i not in future._results
+    }
+    if not owners:
+        return
+    ready, _ = ray.wait(list(owners), num_returns=1, timeout=timeout)
+    if ready:
+        ready, _ = ray.wait(list(owners), num_returns=len(owners), timeout=0)
+    errors: dict[GroupFuture, dict[int, RayError]] = {}
+    for ref in ready:  # fetch every ready result, so that no failure goes unretrieved (Ray would log it)
+        future, index = owners[ref]
+        try:
+            future._results[index] = ray.get(ref)
+        except RayError as error:
+            errors.setdefault(future, {})[index] = error
+    for future, failed in errors.items():
+        first = min(failed)
+        future._error = future._translate(future.ranks[first], failed[first])
 
 
 def _timeout_and_reason(timeout: float | None, futures: Sequence[GroupFuture]) -> tuple[float | None, str]:

@@ -9,9 +9,9 @@ yet wait in its socket buffer or in its inbox, so writers never wait for a reade
 There is no thread: a process moves data only inside its own channel calls (`pump`), which read every connection
 that has something, accept new peers and answer nothing. So a call never waits for another process to be in a
 channel call, except where that is the point: a `get` on an empty key, or a `put` on a key whose bounded queue the
-reader has not drained. The reader's `get` owes the writer a credit (`taken`); credits ride along with the next frame
-to that writer (in an env <-> rollout ping-pong, with the reply) or go on their own before the reader waits, so a
-hand-off costs one frame each way.
+reader has not drained: each `get` of a bounded key sends the writer a credit (`taken`) at once. (Holding credits
+back to ride with the reader's next frame saves a frame per item, but a reader whose method returns right after a
+`get` would then starve its writer of room until its next channel call, which can deadlock a step.)
 
 Frames are an 8-byte length and a pickle (protocol 5), in which a CPU tensor travels as a numpy array: torch's own
 pickling of a tensor costs about 20 times as much (130 us against 7 us for 18 KB), and a view sends only its own
@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,15 +145,11 @@ class Mailbox:
         )
         self.peers: dict[Address, _Peer] = {}
         """Connections this process opened, by the address they go to."""
-        self.accepted: dict[Address, _Peer] = {}
-        """Connections other processes opened to this one, by their address."""
         self.readers: dict[QueueId, Address] = {}
         """The reader of every queue this process has written to or read, once the registry named it."""
         self.inboxes: dict[QueueId, _Inbox] = {}
         self.in_flight: dict[QueueId, int] = {}
         """Per bounded FIFO this process writes to elsewhere: items sent that the reader has not taken yet."""
-        self.owed: dict[Address, list[QueueId]] = {}
-        """Credits this process owes its writers: one queue id per item taken, not yet sent back."""
 
     # -- writing -------------------------------------------------------------------------------------------------
 
@@ -170,7 +166,7 @@ class Mailbox:
                 if not self.pump(deadline):
                     return False
             self.in_flight[queue] = self.in_flight.get(queue, 0) + 1
-        self._write(peer, ("put", queue, item, self.owed.pop(to, [])), gone)
+        self._write(peer, ("put", queue, item), gone)
         return True
 
     def _connect(self, to: Address, gone: str) -> _Peer:
@@ -248,17 +244,9 @@ class Mailbox:
                     f"{where} has maxsize {maxsize} and several writers ({_names(inbox.writers)}): a bounded key "
                     "takes one writer, an unbounded one any number"
                 )
-            self._owe(writer, queue, maxsize)
+            with contextlib.suppress(ChannelError):  # a writer that is gone needs no credit
+                self._write(writer, ("taken", queue), f"{writer.name} is gone")
         return True, item
-
-    def _owe(self, writer: _Peer, queue: QueueId, maxsize: int) -> None:
-        """Owe the writer a credit for an item taken. Up to maxsize - 1 credits per queue may wait for a frame to
-        ride with, so a writer always has room for one more item while its reader computes; then they go at once."""
-        assert writer.address is not None  # a writer said hello before its first item
-        owed = self.owed.setdefault(writer.address, [])
-        owed.append(queue)
-        if owed.count(queue) >= maxsize:
-            self._pay(writer.address)
 
     def put_local(self, queue: QueueId, item: Any, maxsize: int, deadline: float | None) -> bool:
         """Append to a queue this process reads itself; False when a bounded queue stayed full until `deadline`."""
@@ -272,7 +260,6 @@ class Mailbox:
     def pump(self, deadline: float | None) -> bool:
         """Wait for something to happen on any socket until `deadline`, then handle all of it: accept peers, read
         frames. False when nothing happened before the deadline."""
-        self._pay_credits()
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         events = self.selector.select(timeout)
         for key, mask in events:
@@ -281,16 +268,6 @@ class Mailbox:
             elif mask & selectors.EVENT_READ:
                 self._read(key.data)
         return bool(events)
-
-    def _pay_credits(self) -> None:
-        """Send the credits still owed, before waiting: a writer may be waiting for them."""
-        for address in list(self.owed):
-            self._pay(address)
-
-    def _pay(self, address: Address) -> None:
-        queues = self.owed.pop(address)
-        with contextlib.suppress(ChannelError):  # a writer that is gone needs no credit
-            self._write(self.accepted[address], ("taken", queues), f"{address.name} is gone")
 
     def _accept(self, listener: socket.socket) -> None:
         try:
@@ -328,21 +305,14 @@ class Mailbox:
         if peer.address is None:
             if kind == "hello" and secrets.compare_digest(message[1], self.address.token):
                 peer.address = message[2]
-                self.accepted[peer.address] = peer
             else:
                 self._close(peer)  # not a process the registry introduced
         elif kind == "put":
             inbox = self.inbox(message[1])
             inbox.items.append((message[2], peer))
             inbox.writers.add(peer)
-            self._credit(message[3])
-        elif kind == "taken":
-            self._credit(message[1])
-
-    def _credit(self, queues: Sequence[QueueId]) -> None:
-        for queue in queues:
-            if queue in self.in_flight:  # not yet forgotten
-                self.in_flight[queue] -= 1
+        elif kind == "taken" and message[1] in self.in_flight:  # not yet forgotten
+            self.in_flight[message[1]] -= 1
 
     def _close(self, peer: _Peer) -> None:
         if not peer.closed:

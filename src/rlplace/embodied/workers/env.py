@@ -46,17 +46,19 @@ class EnvWorker(Worker):
         self.slices = [EnvSlice(cfg.task.env_id, s.start, s.end, cfg.runner.seed, **kwargs) for s in self.streams]
         self.obs = [env.reset() for env in self.slices]
         self.dones = [np.zeros(env.num_envs, dtype=np.float32) for env in self.slices]
+        self.first_sent = False
+        """Whether the rollout already has the observations the next step starts from."""
 
     def interact(self, num_steps: int, obs_channel: Channel, action_channel: Channel) -> EpisodeStats:
         """Run `num_steps` steps on every stream, sending observations to the rollout on `obs_channel` and taking
         its actions from `action_channel`.
 
-        The first message of a stream carries the observation the last call ended on; each later one carries the
-        reward for the previous action. Returns the episodes that finished, in layout-independent order.
+        The first message of a stream carries the observation the last call ended on (sent when that call ended);
+        each later one carries the reward for the previous action. Returns the episodes that finished, in
+        layout-independent order.
         """
-        zeros = [np.zeros(env.num_envs, dtype=np.float32) for env in self.slices]
-        for stream, obs, done, reward in zip(self.streams, self.obs, self.dones, zeros, strict=True):
-            obs_channel.put((obs, reward, done), key=stream.key)
+        if not self.first_sent:
+            self._send_first(obs_channel)
         for _ in range(num_steps):
             for i, (stream, env) in enumerate(zip(self.streams, self.slices, strict=True)):
                 actions = action_channel.get(key=stream.key)
@@ -64,7 +66,15 @@ class EnvWorker(Worker):
                     obs, reward, terminated, truncated = env.step(actions)
                     self.obs[i], self.dones[i] = obs, (terminated | truncated).astype(np.float32)
                 obs_channel.put((obs, reward, self.dones[i]), key=stream.key)
+        self._send_first(obs_channel)
         return merge_episode_stats([env.pop_episode_stats() for env in self.slices])
+
+    def _send_first(self, obs_channel: Channel) -> None:
+        """Send each stream's observation that the next step's first action answers (with no reward). Sent at the
+        end of a step, so the rollout starts the next one without waiting for this worker's call to arrive."""
+        for stream, obs, done in zip(self.streams, self.obs, self.dones, strict=True):
+            obs_channel.put((obs, np.zeros(len(obs), dtype=np.float32), done), key=stream.key)
+        self.first_sent = True
 
     @timer("offload")
     def offload(self) -> int:

@@ -76,9 +76,9 @@ class RolloutWorker(Worker):
                     traj.obs[t], traj.dones[t], traj.actions[t] = obs, done, action.to(traj.actions.dtype)
                     traj.logprobs[t], traj.values[t] = logprob, value
                 action_channel.put(action.numpy(), key=stream.key)
-        for stream, traj in zip(self.streams, buffers, strict=True):
+        for stream, traj in zip(self.streams, buffers, strict=True):  # a view (`columns`) sends its columns only
             for actor_rank, start, end in actor_pieces(stream, self.cfg.task.total_num_envs, self.actor_world_size):
-                trajectory_channel.put(traj.columns(start, end), key=f"actor{actor_rank}")  # a view sends its columns only
+                trajectory_channel.put(traj.columns(start, end), key=f"actor{actor_rank}")
         return num_steps * sum(s.end - s.start for s in self.streams)
 
     @timer("offload")
