@@ -1,5 +1,6 @@
 """ppo_update: lowers the PPO loss on a fixed batch, is deterministic given the generator, averages via allreduce,
-and reads its hyperparameters from the `algorithm` config section (PPOConfig) as it is."""
+corrects for an older behaviour policy (asynchronous training) and reads its hyperparameters from the `algorithm`
+config section (PPOConfig) as it is."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import threading
 import pytest
 import torch
 
+from rlplace.core.errors import ConfigError
 from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.envs import ActionSpec
-from rlplace.embodied.losses import ppo_policy_loss, value_loss
+from rlplace.embodied.losses import behaviour_weight, ppo_policy_loss, value_loss
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.ppo import ppo_update
+from rlplace.embodied.ppo import ppo_update, proximal_logprobs
 
 PARAMS = PPOConfig(update_epochs=4, num_minibatches=4, ent_coef=0.0)
 
@@ -50,9 +52,10 @@ def test_reduces_loss_and_reports_stats() -> None:
     before = _loss(model, batch)
     stats = ppo_update(model, optimizer, batch, PARAMS, torch.Generator().manual_seed(0))
     assert _loss(model, batch) < before - 0.05
-    expected = {"policy_loss", "value_loss", "entropy", "kl", "clip_frac", "grad_norm"}
+    expected = {"policy_loss", "value_loss", "entropy", "kl", "clip_frac", "behaviour_weight", "grad_norm"}
     assert set(stats) == {f"train/{k}" for k in expected}
     assert stats["train/kl"] > 0 and stats["train/grad_norm"] > 0
+    assert stats["train/behaviour_weight"] == 1.0  # on-policy: no prox_logprobs, w = 1
 
 
 def test_deterministic_given_generator() -> None:
@@ -132,3 +135,98 @@ def test_follows_the_algorithm_section() -> None:
         ppo_update(model, optimizer, batch, PPOConfig(clip_vloss=clip_vloss), torch.Generator().manual_seed(1))
         results.append(torch.cat([p.detach().flatten() for p in model.critic.parameters()]))
     assert not torch.equal(*results)
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize(
+    "alg",
+    [
+        PARAMS,
+        PPOConfig(
+            update_epochs=4,
+            num_minibatches=4,
+            ent_coef=0.0,
+            off_policy_correction="truncated_is",
+            behaviour_weight_cap=2.0,
+        ),
+    ],
+    ids=["decoupled", "truncated_is"],
+)
+def test_proximal_equal_to_behaviour_is_plain_ppo_bit_for_bit(alg: PPOConfig) -> None:
+    # K = 0: the actor's weights at the start of the update are the ones that sampled the batch, so
+    # proximal_logprobs recomputes "logprobs" exactly, every weight is 1, and the update is today's, to the last bit.
+    results = []
+    for with_proximal in (False, True):
+        model, optimizer, batch = _setup()
+        if with_proximal:
+            batch["prox_logprobs"] = proximal_logprobs(model, batch["obs"], batch["actions"])
+            assert torch.equal(batch["prox_logprobs"], batch["logprobs"]) and not batch["prox_logprobs"].requires_grad
+        stats = ppo_update(model, optimizer, batch, alg, torch.Generator().manual_seed(0))
+        results.append((stats, _flat(model)))
+    (stats, params), (stats_prox, params_prox) = results
+    assert torch.equal(params, params_prox)
+    assert stats == stats_prox and stats["train/behaviour_weight"] == 1.0
+
+
+def test_stale_rollouts_are_clipped_against_the_proximal_policy_and_weighted() -> None:
+    # The batch was sampled by an older policy (behaviour); the actor has moved on since (proximal). One step on the
+    # whole batch: the ratio against the proximal policy is exactly 1, so nothing is clipped and there is no KL, and
+    # the loss is -mean(w * A) over the normalised advantages, with w = π_prox / π_behav.
+    model, _, batch = _setup()
+    behaviour_model = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in model.actor.parameters():  # the actor's later weights
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(7)))
+        batch["logprobs"], _, _ = behaviour_model.evaluate(batch["obs"], batch["actions"])
+    batch["prox_logprobs"] = proximal_logprobs(model, batch["obs"], batch["actions"])
+    advantages = batch["advantages"]
+    normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    one_step = {"update_epochs": 1, "num_minibatches": 1, "ent_coef": 0.0}
+    for correction, cap in (("decoupled", None), ("decoupled", 1.5), ("truncated_is", 1.5)):
+        alg = PPOConfig(**one_step, off_policy_correction=correction, behaviour_weight_cap=cap)
+        weight = behaviour_weight(batch["prox_logprobs"], batch["logprobs"], correction, cap)
+        trained = copy.deepcopy(model)
+        stats = ppo_update(
+            trained, torch.optim.Adam(trained.parameters()), batch, alg, torch.Generator().manual_seed(0)
+        )
+        assert stats["train/clip_frac"] == 0.0 and abs(stats["train/kl"]) < 1e-6
+        assert stats["train/behaviour_weight"] == pytest.approx(weight.mean().item(), rel=1e-6)
+        assert stats["train/policy_loss"] == pytest.approx(-(weight * normalised).mean().item(), abs=1e-6)
+    assert not torch.equal(batch["prox_logprobs"], batch["logprobs"])
+    # The caps engage on this batch: some weights above 1.5 are dropped (decoupled) or clamped (truncated_is).
+    weight = behaviour_weight(batch["prox_logprobs"], batch["logprobs"], "decoupled", None)
+    assert (weight > 1.5).any() and (weight < 1.0).any()
+    # Without the proximal log-probs, the same batch would be clipped against the behaviour policy.
+    stats = ppo_update(
+        model,
+        torch.optim.Adam(model.parameters()),
+        {k: v for k, v in batch.items() if k != "prox_logprobs"},
+        PPOConfig(**one_step),
+        torch.Generator().manual_seed(0),
+    )
+    assert stats["train/clip_frac"] > 0 and stats["train/behaviour_weight"] == 1.0
+    with pytest.raises(ValueError, match="prox_logprobs has shape"):
+        ppo_update(
+            model,
+            torch.optim.Adam(model.parameters()),
+            batch | {"prox_logprobs": batch["logprobs"][:-1]},
+            PARAMS,
+            torch.Generator(),
+        )
+
+
+def test_off_policy_correction_is_checked_in_the_algorithm_section() -> None:
+    assert (PARAMS.off_policy_correction, PARAMS.behaviour_weight_cap) == ("decoupled", None)  # AReaL's, uncapped
+    PPOConfig(off_policy_correction="truncated_is", behaviour_weight_cap=2.0)
+    PPOConfig(behaviour_weight_cap=1.0)
+    with pytest.raises(
+        ConfigError, match=r"algorithm.off_policy_correction = 'vtrace' is invalid: valid: decoupled, truncated_is"
+    ):
+        PPOConfig(off_policy_correction="vtrace")
+    with pytest.raises(ConfigError, match=r"algorithm.behaviour_weight_cap = None is invalid: .*truncated_is"):
+        PPOConfig(off_policy_correction="truncated_is")
+    with pytest.raises(ConfigError, match=r"algorithm.behaviour_weight_cap = 0.5 is invalid: null or at least 1"):
+        PPOConfig(behaviour_weight_cap=0.5)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlplace.reasoning.losses import (
+    behaviour_weight,
     entropy_from_logits,
     kl_divergence,
     logprobs_from_logits,
@@ -79,6 +80,105 @@ def test_policy_loss_ignores_padding() -> None:
 def test_policy_loss_unknown_agg() -> None:
     with pytest.raises(ValueError, match="'seq_sum'.*token_mean, seq_mean_token_mean"):
         token_policy_loss(OLD_LOGPROBS, OLD_LOGPROBS, ADVANTAGES, MASK, 0.2, 0.2, agg="seq_sum")
+
+
+# The tokens above, now off-policy: RATIO is taken against the proximal policy (OLD_LOGPROBS), and the behaviour policy
+# that sampled them had π_prox / π_behav = [[2, 0.5, 1], [4, 1, inf]]: its log-prob on the padding is -inf (junk).
+BEHAVIOUR = OLD_LOGPROBS - torch.tensor([[2.0, 0.5, 1.0], [4.0, 1.0, 1.0]]).log()
+BEHAVIOUR[1, 2] = -math.inf
+
+
+@pytest.mark.parametrize(
+    ("correction", "cap", "weights"),
+    [
+        ("decoupled", None, [[2.0, 0.5, 1.0], [4.0, 1.0, math.inf]]),
+        ("decoupled", 3.0, [[2.0, 0.5, 1.0], [0.0, 1.0, 0.0]]),  # above the cap: dropped (AReaL)
+        ("truncated_is", 3.0, [[2.0, 0.5, 1.0], [3.0, 1.0, 3.0]]),  # above the cap: clamped, kept
+    ],
+)
+def test_behaviour_weight_per_correction(correction: str, cap: float | None, weights: list[list[float]]) -> None:
+    torch.testing.assert_close(behaviour_weight(OLD_LOGPROBS, BEHAVIOUR, correction, cap), torch.tensor(weights))
+
+
+def test_behaviour_weight_refuses_a_missing_cap_or_an_unknown_correction() -> None:
+    with pytest.raises(ValueError, match="truncated_is needs a cap"):
+        behaviour_weight(OLD_LOGPROBS, BEHAVIOUR, "truncated_is", None)
+    with pytest.raises(ValueError, match="'vtrace'.*decoupled, truncated_is"):
+        behaviour_weight(OLD_LOGPROBS, BEHAVIOUR, "vtrace", None)
+
+
+@pytest.mark.parametrize(
+    ("correction", "cap", "token_mean", "seq_mean", "mean_weight"),
+    [
+        # Unweighted per-token losses (test_policy_loss_hand_computed): [[-1.2, -0.5, 1.1], [0.8, -2, pad]].
+        # decoupled, no cap: w = [[2, 0.5, 1], [4, 1, pad]] -> [[-2.4, -0.25, 1.1], [3.2, -2]]:
+        #   token_mean = (-2.4 - 0.25 + 1.1 + 3.2 - 2) / 5 = -0.35 / 5 = -0.07
+        #   seq_mean_token_mean = mean(-1.55 / 3, 1.2 / 2) = mean(-0.516667, 0.6) = 0.0416667
+        #   mean w over valid tokens = (2 + 0.5 + 1 + 4 + 1) / 5 = 1.7 (the infinite padding weight is ignored)
+        ("decoupled", None, -0.07, 0.0416667, 1.7),
+        # decoupled, cap 3: the 4 is dropped -> [[-2.4, -0.25, 1.1], [0, -2]]:
+        #   token_mean = -3.55 / 5 = -0.71; seq_mean_token_mean = mean(-0.516667, -1) = -0.758333; mean w = 4.5 / 5
+        ("decoupled", 3.0, -0.71, -0.758333, 0.9),
+        # truncated_is, cap 3: the 4 becomes 3 -> [[-2.4, -0.25, 1.1], [2.4, -2]]:
+        #   token_mean = -1.15 / 5 = -0.23; seq_mean_token_mean = mean(-0.516667, 0.2) = -0.158333; mean w = 7.5 / 5
+        ("truncated_is", 3.0, -0.23, -0.158333, 1.5),
+    ],
+)
+def test_policy_loss_weighted_by_behaviour(
+    correction: str, cap: float | None, token_mean: float, seq_mean: float, mean_weight: float
+) -> None:
+    logprobs = (OLD_LOGPROBS + RATIO.log()).requires_grad_()
+    behaviour = BEHAVIOUR.clone().requires_grad_()
+    weights = behaviour_weight(OLD_LOGPROBS, behaviour, correction, cap)
+    assert not weights.requires_grad  # detached: data, not a function of the parameters
+    loss, stats = token_policy_loss(logprobs, OLD_LOGPROBS, ADVANTAGES, MASK, 0.2, 0.2, "token_mean", weights)
+    assert loss.item() == pytest.approx(token_mean, abs=1e-6)
+    assert stats["behaviour_weight"].item() == pytest.approx(mean_weight, abs=1e-6)
+    # clip_frac and approx_kl stay relative to the proximal policy, unweighted (as in test_policy_loss_hand_computed).
+    assert stats["clip_frac"].item() == pytest.approx(0.4)
+    assert stats["approx_kl"].item() == pytest.approx(
+        sum((r - 1) - math.log(r) for r in [1.5, 0.5, 1.1, 0.7, 1.0]) / 5, abs=1e-6
+    )
+    # d loss / d logprob = w * (-A * r) / 5 where the unclipped term wins, else 0 (the same w in every case there):
+    #   row 0: clipped -> 0; 0.5 * (-1 * 0.5) / 5 = -0.05; 1 * (1 * 1.1) / 5 = 0.22
+    #   row 1: clipped -> 0; 1 * (-2 * 1) / 5 = -0.4; padding -> 0
+    loss.backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, -0.05, 0.22], [0.0, -0.4, 0.0]]))
+    assert behaviour.grad is None
+    loss, _ = token_policy_loss(logprobs, OLD_LOGPROBS, ADVANTAGES, MASK, 0.2, 0.2, "seq_mean_token_mean", weights)
+    assert loss.item() == pytest.approx(seq_mean, abs=1e-6)
+
+
+def test_policy_loss_gets_no_gradient_through_the_weights() -> None:
+    weights = torch.tensor([[2.0, 0.5, 1.0], [4.0, 1.0, 1.0]], requires_grad=True)
+    logprobs = (OLD_LOGPROBS + RATIO.log()).requires_grad_()
+    loss, _ = token_policy_loss(logprobs, OLD_LOGPROBS, ADVANTAGES, MASK, 0.2, 0.2, weights=weights)
+    loss.backward()
+    assert weights.grad is None and logprobs.grad is not None
+
+
+@pytest.mark.parametrize(
+    ("correction", "cap"), [("decoupled", None), ("decoupled", 1.0), ("truncated_is", 1.0), ("truncated_is", 2.0)]
+)
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_on_policy_weights_reduce_to_ppo_bit_for_bit(correction: str, cap: float | None, agg: str) -> None:
+    # Synchronous training (K = 0): π_behav = π_prox, so w = exp(0) = 1 exactly on every token, and the loss, its
+    # stats and its gradient are today's PPO's to the last bit, whatever the correction, cap (at least 1) and agg.
+    generator = torch.Generator().manual_seed(0)
+    old_logprobs = -torch.rand(4, 6, generator=generator) * 3
+    logprobs = old_logprobs + 0.3 * torch.randn(4, 6, generator=generator)
+    advantages = torch.randn(4, 6, generator=generator)
+    mask = (torch.arange(6) < torch.tensor([[6], [3], [1], [5]])).long()
+    results = []
+    for weights in (None, behaviour_weight(old_logprobs, old_logprobs.clone(), correction, cap)):
+        leaf = logprobs.clone().requires_grad_()
+        loss, stats = token_policy_loss(leaf, old_logprobs, advantages, mask, 0.2, 0.28, agg, weights)
+        loss.backward()
+        results.append((loss, stats, leaf.grad))
+    (loss, stats, grad), (loss_w, stats_w, grad_w) = results
+    assert torch.equal(loss, loss_w) and torch.equal(grad, grad_w)
+    assert stats.keys() == stats_w.keys() and all(torch.equal(stats[k], stats_w[k]) for k in stats)
+    assert stats_w["behaviour_weight"].item() == 1.0
 
 
 def test_kl_kinds_hand_computed() -> None:

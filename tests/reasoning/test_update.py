@@ -1,6 +1,7 @@
 """llm_update on a real tiny LM: GRPO learns from rewards, the KL and clipping stats start at 0, the critic fits the
-returns, data parallelism changes nothing, and compute_advantages dispatches per algorithm. The update reads the
-`algorithm` config section (ReasoningAlgorithmConfig) as it is."""
+returns, data parallelism changes nothing, behaviour log-probs of an older policy are corrected for, and
+compute_advantages dispatches per algorithm. The update reads the `algorithm` config section
+(ReasoningAlgorithmConfig) as it is."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rlplace.core.errors import ConfigError
 from rlplace.reasoning.advantages import grpo_advantages, masked_mean, reinforce_pp_advantages
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
+from rlplace.reasoning.losses import behaviour_weight
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.update import compute_advantages, llm_update
@@ -98,9 +100,10 @@ def test_grpo_raises_rewarded_responses_and_lowers_the_rest(folder):
     change = _sequence_logprobs(policy, batch) - before
     rewarded = torch.tensor(REWARDS) > 0
     assert (change[rewarded] > 0.05).all() and (change[~rewarded] < -0.05).all(), change
-    expected = {"policy_loss", "entropy", "kl", "clip_frac", "approx_kl", "grad_norm", "lr"}
+    expected = {"policy_loss", "entropy", "kl", "clip_frac", "approx_kl", "behaviour_weight", "grad_norm", "lr"}
     assert set(stats) == {f"train/{key}" for key in expected}
     assert stats["train/lr"] == 3e-3 and stats["train/grad_norm"] > 0 and stats["train/entropy"] > 0
+    assert stats["train/behaviour_weight"] == 1.0  # no behaviour log-probs: on-policy, w = 1
     assert policy.training is False  # load_causal_lm's eval mode is restored after the update
 
 
@@ -263,6 +266,59 @@ def test_two_data_parallel_ranks_match_one_process(folder, agg):
     assert not torch.equal(_flat(single), _flat(policy))
 
 
+@pytest.mark.parametrize(
+    "params",
+    [GRPO, replace(GRPO, off_policy_correction="truncated_is", behaviour_weight_cap=2.0)],
+    ids=["decoupled", "truncated_is"],
+)
+def test_behaviour_equal_to_proximal_is_plain_ppo_bit_for_bit(folder, params):
+    # K = 0: the responses were sampled by the weights the update starts from, every weight is exactly 1, and the
+    # update is today's to the last bit.
+    policy = load_causal_lm(folder)
+    batch = _batch(folder, policy)
+    advantages, _ = compute_advantages(batch, params)
+    results = []
+    for behaviour in (None, batch.old_logprobs.clone()):
+        twin = copy.deepcopy(policy)
+        optimizer = torch.optim.Adam(twin.parameters(), lr=1e-2)
+        stats = llm_update(
+            twin, optimizer, batch, advantages, params, torch.Generator().manual_seed(0), behaviour_logprobs=behaviour
+        )
+        results.append((stats, _flat(twin)))
+    (stats, params_plain), (stats_weighted, params_weighted) = results
+    assert torch.equal(params_plain, params_weighted)
+    assert stats == stats_weighted and stats["train/behaviour_weight"] == 1.0
+
+
+def test_stale_responses_are_clipped_against_the_proximal_policy_and_weighted(folder, tmp_path):
+    # The responses were sampled by another (older) policy, whose log-probs come as behaviour_logprobs; old_logprobs
+    # are the current weights' (proximal). One step on the whole batch: the ratio against the proximal policy is
+    # exactly 1, so nothing is clipped, and the loss is the token mean of -w * A with w = π_prox / π_behav.
+    policy = load_causal_lm(folder)
+    batch = _batch(folder, policy)
+    older = load_causal_lm(build_tiny_lm(tmp_path / "older", TinyLMShape(num_layers=1, hidden_size=64), seed=1))
+    behaviour = response_logprobs(older, batch)
+    advantages, _ = compute_advantages(batch, GRPO)
+    mask = batch.response_mask
+    one_step = replace(GRPO, update_epochs=1, num_minibatches=1)
+    for correction, cap in (("decoupled", None), ("decoupled", 1.2), ("truncated_is", 1.2)):
+        params = replace(one_step, off_policy_correction=correction, behaviour_weight_cap=cap)
+        weights = behaviour_weight(batch.old_logprobs, behaviour, correction, cap)
+        twin = copy.deepcopy(policy)
+        optimizer = torch.optim.Adam(twin.parameters(), lr=1e-2)
+        stats = llm_update(
+            twin, optimizer, batch, advantages, params, torch.Generator().manual_seed(0), behaviour_logprobs=behaviour
+        )
+        assert stats["train/clip_frac"] == 0.0 and abs(stats["train/approx_kl"]) < 1e-6
+        assert stats["train/behaviour_weight"] == pytest.approx(masked_mean(weights, mask).item(), rel=1e-5)
+        assert stats["train/policy_loss"] == pytest.approx(-masked_mean(weights * advantages, mask).item(), abs=1e-5)
+    # The weights differ from 1 on both sides, and the caps engage on this batch.
+    weights = behaviour_weight(batch.old_logprobs, behaviour, "decoupled", None)[mask.bool()]
+    assert (weights > 1.2).any() and (weights < 1.0).any()
+    with pytest.raises(ValueError, match="behaviour_logprobs has shape"):
+        llm_update(policy, optimizer, batch, advantages, one_step, torch.Generator(), behaviour_logprobs=behaviour[1:])
+
+
 def test_compute_advantages_per_algorithm(folder, tmp_path):
     policy = load_causal_lm(folder)
     batch = _batch(folder, policy)
@@ -307,3 +363,11 @@ def test_the_update_reads_the_algorithm_section_as_it_is():
         ReasoningAlgorithmConfig(name="sac")
     with pytest.raises(ConfigError, match="algorithm.group_size = 1 is invalid"):
         ReasoningAlgorithmConfig(name="grpo", group_size=1)
+    # The off-policy correction of asynchronous training: AReaL's decoupled PPO by default, uncapped.
+    assert (alg.off_policy_correction, alg.behaviour_weight_cap) == ("decoupled", None)
+    with pytest.raises(ConfigError, match="algorithm.off_policy_correction = 'vtrace' is invalid: valid: decoupled"):
+        ReasoningAlgorithmConfig(name="grpo", off_policy_correction="vtrace")
+    with pytest.raises(ConfigError, match="algorithm.behaviour_weight_cap = None is invalid: .*truncated_is"):
+        ReasoningAlgorithmConfig(name="grpo", off_policy_correction="truncated_is")
+    with pytest.raises(ConfigError, match="algorithm.behaviour_weight_cap = 0.9 is invalid: null or at least 1"):
+        ReasoningAlgorithmConfig(name="grpo", off_policy_correction="truncated_is", behaviour_weight_cap=0.9)

@@ -18,7 +18,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlplace.core.errors import ConfigError, check, check_choice
@@ -117,12 +116,40 @@ class PolicyGradientConfig:
     max_grad_norm: float = 0.5
     clip_vloss: bool = True
     """Clip the critic's prediction to within clip_ratio_low of its rollout-time value (CleanRL's clip_vloss)."""
+    off_policy_correction: str = "decoupled"
+    """How the policy loss corrects for rollouts sampled by an older (behaviour) policy π_behav, as with
+    runner.max_staleness > 0. Both choices take PPO's ratio r = π_θ / π_prox against the proximal policy π_prox (the
+    actor's weights at the start of this update) and weigh each sample's clipped surrogate by a detached importance
+    weight w from π_prox / π_behav: loss = mean(w * max(-A * r, -A * clip(r, 1 - low, 1 + high))).
+    `decoupled`: AReaL's decoupled PPO (Fu et al. 2025; Hilton et al. 2021, "Batch size-invariance for policy
+    optimization"), w = π_prox / π_behav; with behaviour_weight_cap, samples whose w exceeds the cap are dropped
+    (w = 0, still counted in the mean), as AReaL's behav_imp_weight_cap does.
+    `truncated_is`: truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you
+    off-policy RL training"; the truncation of IMPALA and ACER), w = min(π_prox / π_behav, behaviour_weight_cap):
+    every sample is kept, its weight clamped; the cap is required.
+    Without behaviour log-probs (synchronous training) π_behav = π_prox, w = 1 and both are plain PPO."""
+    behaviour_weight_cap: float | None = None
+    """The bound on the importance weight w of off_policy_correction: null (no bound; `decoupled` only) or at least 1,
+    so that on-policy samples (w = 1) always pass unchanged."""
 
     def __post_init__(self) -> None:
         check(self.group_size >= 1, "algorithm.group_size", self.group_size, "at least 1")
         check(self.lr > 0, "algorithm.lr", self.lr, "positive")
         check(self.update_epochs >= 1, "algorithm.update_epochs", self.update_epochs, "at least 1")
         check(self.num_minibatches >= 1, "algorithm.num_minibatches", self.num_minibatches, "at least 1")
+        check_choice("algorithm.off_policy_correction", self.off_policy_correction, ("decoupled", "truncated_is"))
+        check(
+            self.behaviour_weight_cap is None or self.behaviour_weight_cap >= 1.0,
+            "algorithm.behaviour_weight_cap",
+            self.behaviour_weight_cap,
+            "null or at least 1 (on-policy samples have weight 1 and must pass unchanged)",
+        )
+        check(
+            self.off_policy_correction != "truncated_is" or self.behaviour_weight_cap is not None,
+            "algorithm.behaviour_weight_cap",
+            self.behaviour_weight_cap,
+            "a number of at least 1 with off_policy_correction=truncated_is, which clamps the weight at it",
+        )
 
     @property
     def value_clip(self) -> float | None:
@@ -249,14 +276,22 @@ def options_of(group: str, family: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if marker in p.read_text())
 
 
+def _config_store() -> Any:
+    """Hydra's ConfigStore, imported only where configs are composed: worker processes unpickle these dataclasses
+    but never compose, and importing Hydra would lengthen the start of each of them."""
+    from hydra.core.config_store import ConfigStore
+
+    return ConfigStore.instance()
+
+
 def register_schema(group: str, name: str, node: type) -> None:
     """Store a family's base dataclass for option files of `group` to start from (`/schema/<group>/<name>`)."""
-    ConfigStore.instance().store(group=f"schema/{group}", name=name, node=node)
+    _config_store().store(group=f"schema/{group}", name=name, node=node)
 
 
 def register() -> None:
     """Register the primary schema and the `devices` resolver with Hydra and OmegaConf (idempotent)."""
-    ConfigStore.instance().store(name="train_schema", node=TrainSchema)
+    _config_store().store(name="train_schema", node=TrainSchema)
     if not OmegaConf.has_resolver("devices"):
         OmegaConf.register_new_resolver("devices", devices_resolver)
 

@@ -2,6 +2,10 @@
 
 The total loss, in the paper's notation, is L = L_clip - c2 * S + c1 * L_vf, where `ppo_policy_loss` is L_clip (as a
 quantity to minimise), `entropy_bonus` is S and `value_loss` is L_vf.
+
+With asynchronous training (runner.max_staleness > 0) the rollouts come from an older behaviour policy π_behav.
+`behaviour_weight` turns that into one detached importance weight per sample, which `ppo_policy_loss` multiplies into
+the clipped surrogate it takes against the proximal policy π_prox (algorithm.off_policy_correction says how).
 """
 
 from __future__ import annotations
@@ -9,25 +13,55 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+OFF_POLICY_CORRECTIONS = ("decoupled", "truncated_is")
+
+
+def behaviour_weight(proximal_logprob: Tensor, behaviour_logprob: Tensor, correction: str, cap: float | None) -> Tensor:
+    """The detached importance weight w of each sample from π_prox / π_behav, as `correction` bounds it.
+
+    "decoupled" (AReaL, Fu et al. 2025): w = π_prox / π_behav, and where a `cap` is given, samples with w > cap get
+    w = 0 (dropped, as AReaL's behav_imp_weight_cap). "truncated_is" (Yao et al. 2025; IMPALA's and ACER's
+    truncation): w = min(π_prox / π_behav, cap), every sample kept; it needs a cap. With equal log-probs w is exactly 1.
+    """
+    with torch.no_grad():
+        weight = (proximal_logprob - behaviour_logprob).exp()
+        if correction == "decoupled":
+            return weight if cap is None else torch.where(weight > cap, torch.zeros_like(weight), weight)
+        if correction == "truncated_is":
+            if cap is None:
+                raise ValueError("truncated_is needs a cap (algorithm.behaviour_weight_cap)")
+            return torch.clamp(weight, max=cap)
+    raise ValueError(f"unknown correction {correction!r}: valid are {', '.join(OFF_POLICY_CORRECTIONS)}")
+
 
 def ppo_policy_loss(
-    logprob: Tensor, old_logprob: Tensor, advantages: Tensor, clip_low: float, clip_high: float
+    logprob: Tensor,
+    old_logprob: Tensor,
+    advantages: Tensor,
+    clip_low: float,
+    clip_high: float,
+    weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The clipped surrogate objective, negated: mean(max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))).
+    """The clipped surrogate objective, negated: mean(w * max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))).
 
+    r = exp(logprob - old_logprob), with `old_logprob` the proximal policy's: the rollout policy's in synchronous
+    training, the actor's weights at the start of this update otherwise. `weight` is w, the per-sample importance
+    weight of `behaviour_weight` (detached here: no gradient flows through it); None is w = 1, PPO as in the paper.
     `clip_low`/`clip_high` may differ (asymmetric clipping, as in DAPO's clip-higher). Stats, detached:
     `clip_frac` is the fraction of samples whose ratio lies outside the clip range, `approx_kl` the low-variance
-    estimator mean((r - 1) - log r) of KL(old || new) (Schulman's k3).
+    estimator mean((r - 1) - log r) of KL(old || new) (Schulman's k3), both relative to the proximal policy;
+    `behaviour_weight` is the mean of w.
     """
     log_ratio = logprob - old_logprob
     ratio = log_ratio.exp()
+    weight = torch.ones_like(ratio) if weight is None else weight.detach()
     surrogate = -advantages * ratio
     clipped_surrogate = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss = torch.max(surrogate, clipped_surrogate).mean()
+    loss = (weight * torch.max(surrogate, clipped_surrogate)).mean()
     with torch.no_grad():
         clip_frac = ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).float().mean()
         approx_kl = ((ratio - 1.0) - log_ratio).mean()
-    return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl}
+    return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl, "behaviour_weight": weight.mean()}
 
 
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float | None) -> Tensor:

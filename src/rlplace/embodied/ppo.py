@@ -5,6 +5,11 @@ identically on every rank. Every rank then takes the same number of optimizer st
 gradients across ranks before clipping and stepping, so the ranks' models stay identical. With one rank and no
 `allreduce_grads` it is CleanRL's update (minus the `target_kl` early stop, which would need the ranks to agree on
 stopping).
+
+Asynchronous training (runner.max_staleness = K > 0) trains step t on rollouts of policy version max(0, t - K), the
+behaviour policy. The actor then calls `proximal_logprobs` once over its shard, with its current weights, before
+the update and passes the result as the batch's "prox_logprobs": the loss clips against that proximal policy and
+weighs each sample by π_prox / π_behav as algorithm.off_policy_correction says (see `behaviour_weight`).
 """
 
 from __future__ import annotations
@@ -17,10 +22,24 @@ from torch import Tensor, nn
 from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.policy import MLPActorCritic
 
-from .losses import entropy_bonus, ppo_policy_loss, value_loss
+from .losses import behaviour_weight, entropy_bonus, ppo_policy_loss, value_loss
 
 BATCH_KEYS = ("obs", "actions", "logprobs", "values", "advantages", "returns")
 """The flat ([B, ...]) tensors a batch must hold: rollout-time obs, actions, log-probs and values, plus targets."""
+
+PROXIMAL_KEY = "prox_logprobs"
+"""The optional [B] log-probs of the actions under the actor's weights at the start of the update (asynchronous
+training); with it, "logprobs" are the behaviour policy's."""
+
+
+@torch.no_grad()
+def proximal_logprobs(model: MLPActorCritic, obs: Tensor, actions: Tensor) -> Tensor:
+    """[B] log-probs of `actions` under `model`'s current weights: π_prox, the batch's "prox_logprobs".
+
+    The actor calls it once over its shard right before `ppo_update`, so every minibatch step of the update clips
+    against the same policy, whatever policy version generated the rollouts."""
+    logprob, _, _ = model.evaluate(obs, actions)
+    return logprob
 
 
 def ppo_update(
@@ -33,20 +52,34 @@ def ppo_update(
 ) -> dict[str, float]:
     """Run `update_epochs` x `num_minibatches` PPO steps on `batch`; returns train/* means over those steps.
 
+    Without "prox_logprobs" in `batch`, "logprobs" are both the behaviour and the proximal policy's (synchronous
+    training): plain PPO. With it (from `proximal_logprobs`), the ratio is taken against "prox_logprobs" and each
+    sample weighted by `behaviour_weight(prox_logprobs, logprobs)` under alg.off_policy_correction and
+    alg.behaviour_weight_cap; the weights are fixed for the whole update, as both log-probs are.
+
     `generator` (a CPU torch.Generator) shuffles the minibatches. `allreduce_grads`, when given, receives the list of
     parameter gradients after each backward pass and must average them across ranks in place. `grad_norm` is the
-    total norm before clipping.
+    total norm before clipping; `behaviour_weight` the mean importance weight (1 without "prox_logprobs").
     """
     missing = [key for key in BATCH_KEYS if key not in batch]
     if missing:
         raise ValueError(f"batch is missing {missing}: ppo_update needs {', '.join(BATCH_KEYS)}")
+    proximal, weights = batch["logprobs"], None  # synchronous: the rollout policy is the proximal one
+    if PROXIMAL_KEY in batch:
+        proximal = batch[PROXIMAL_KEY]
+        if proximal.shape != batch["logprobs"].shape:
+            raise ValueError(
+                f"{PROXIMAL_KEY} has shape {tuple(proximal.shape)}, logprobs {tuple(batch['logprobs'].shape)}"
+            )
+        weights = behaviour_weight(proximal, batch["logprobs"], alg.off_policy_correction, alg.behaviour_weight_cap)
     batch_size = batch["obs"].shape[0]
     min_size = alg.num_minibatches * (2 if alg.norm_adv else 1)  # a std needs two samples
     if batch_size < min_size:
         raise ValueError(f"batch of {batch_size} is too small for {alg.num_minibatches} minibatches")
     trainable = [p for p in model.parameters() if p.requires_grad]
     value_clip = alg.value_clip
-    stats: dict[str, list[Tensor]] = {k: [] for k in ("policy_loss", "value_loss", "entropy", "kl", "clip_frac")}
+    keys = ("policy_loss", "value_loss", "entropy", "kl", "clip_frac", "behaviour_weight")
+    stats: dict[str, list[Tensor]] = {k: [] for k in keys}
     grad_norms: list[Tensor] = []
 
     for _ in range(alg.update_epochs):
@@ -57,7 +90,12 @@ def ppo_update(
             if alg.norm_adv:
                 advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
             pg_loss, pg_stats = ppo_policy_loss(
-                logprob, batch["logprobs"][mb], advantages, alg.clip_ratio_low, alg.clip_ratio_high
+                logprob,
+                proximal[mb],
+                advantages,
+                alg.clip_ratio_low,
+                alg.clip_ratio_high,
+                None if weights is None else weights[mb],
             )
             v_loss = value_loss(new_value, batch["values"][mb], batch["returns"][mb], value_clip)
             entropy_mean = entropy_bonus(entropy)
@@ -76,6 +114,7 @@ def ppo_update(
                 ("entropy", entropy_mean),
                 ("kl", pg_stats["approx_kl"]),
                 ("clip_frac", pg_stats["clip_frac"]),
+                ("behaviour_weight", pg_stats["behaviour_weight"]),
             ):
                 stats[key].append(value.detach())
 

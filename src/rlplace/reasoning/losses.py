@@ -3,6 +3,10 @@ entropies from logits, as pure tensor functions.
 
 Tensors are [B, T] over response tokens, right-padded, with `mask` the response mask (see `token_advantages`).
 Padding never reaches a loss: every reduction is a masked one.
+
+With asynchronous training (runner.max_staleness > 0) the responses come from an older behaviour policy π_behav.
+`behaviour_weight` turns that into one detached importance weight per token, which `token_policy_loss` multiplies
+into the clipped surrogate it takes against the proximal policy π_prox (algorithm.off_policy_correction says how).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from .advantages import masked_mean
 
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean")
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
+OFF_POLICY_CORRECTIONS = ("decoupled", "truncated_is")
 
 
 def aggregate_loss(loss_mat: Tensor, mask: Tensor, agg: str) -> Tensor:
@@ -31,6 +36,28 @@ def aggregate_loss(loss_mat: Tensor, mask: Tensor, agg: str) -> Tensor:
     raise ValueError(f"unknown agg {agg!r}: valid are {', '.join(LOSS_AGGREGATIONS)}")
 
 
+def behaviour_weight(
+    proximal_logprobs: Tensor, behaviour_logprobs: Tensor, correction: str, cap: float | None
+) -> Tensor:
+    """The detached importance weight w of each token from π_prox / π_behav, as `correction` bounds it.
+
+    "decoupled" (AReaL, Fu et al. 2025): w = π_prox / π_behav, and where a `cap` is given, tokens with w > cap get
+    w = 0 (dropped, as AReaL's behav_imp_weight_cap). "truncated_is" (Yao et al. 2025, the fix for the rollout
+    engine's log-probs differing from training's; IMPALA's and ACER's truncation): w = min(π_prox / π_behav, cap),
+    every token kept; it needs a cap. With equal log-probs w is exactly 1. The same math as the embodied
+    `behaviour_weight` (the two families share no code outside core).
+    """
+    with torch.no_grad():
+        weight = (proximal_logprobs - behaviour_logprobs).exp()
+        if correction == "decoupled":
+            return weight if cap is None else torch.where(weight > cap, torch.zeros_like(weight), weight)
+        if correction == "truncated_is":
+            if cap is None:
+                raise ValueError("truncated_is needs a cap (algorithm.behaviour_weight_cap)")
+            return torch.clamp(weight, max=cap)
+    raise ValueError(f"unknown correction {correction!r}: valid are {', '.join(OFF_POLICY_CORRECTIONS)}")
+
+
 def token_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -39,24 +66,32 @@ def token_policy_loss(
     clip_ratio_low: float,
     clip_ratio_high: float,
     agg: str = "token_mean",
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO's clipped surrogate per token, negated: max(-A * r, -A * clip(r, 1 - low, 1 + high)), aggregated by `agg`.
+    """PPO's clipped surrogate per token, negated and weighted: w * max(-A * r, -A * clip(r, 1 - low, 1 + high)),
+    aggregated by `agg`.
 
-    r = exp(logprobs - old_logprobs). Separate low and high bounds allow DAPO's clip-higher (a larger `high` leaves
+    r = exp(logprobs - old_logprobs), with `old_logprobs` the proximal policy's (see `llm_update`). `weights` are w,
+    the per-token importance weights of `behaviour_weight` (detached here: no gradient flows through them; padding
+    ignored); None is w = 1, plain PPO. Separate low and high bounds allow DAPO's clip-higher (a larger `high` leaves
     room to raise unlikely tokens). Stats, detached: `clip_frac` is the fraction of valid tokens where the clipped
     term wins strictly, i.e. where the token's gradient is cut off (verl's pg_clipfrac); `approx_kl` is the masked
     mean of k3, (r - 1) - log r, an unbiased non-negative estimate of KL(old || new), as the embodied
-    `ppo_policy_loss` reports it.
+    `ppo_policy_loss` reports it; both relative to the proximal policy. `behaviour_weight` is the masked mean of w.
     """
     log_ratio = logprobs - old_logprobs
     ratio = log_ratio.exp()
+    # Padding's weight is 0, so junk there (an infinite weight, say) cannot turn the masked sums into NaN.
+    weights = torch.ones_like(ratio) if weights is None else weights.detach()
+    weights = torch.where(mask.bool(), weights, torch.zeros_like(weights))
     surrogate = -advantages * ratio
     clipped_surrogate = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    loss = aggregate_loss(torch.max(surrogate, clipped_surrogate), mask, agg)
+    loss = aggregate_loss(weights * torch.max(surrogate, clipped_surrogate), mask, agg)
     with torch.no_grad():
         clip_frac = masked_mean((clipped_surrogate > surrogate).to(ratio.dtype), mask)
         approx_kl = masked_mean((ratio - 1.0) - log_ratio, mask)
-    return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl}
+        mean_weight = masked_mean(weights, mask)
+    return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl, "behaviour_weight": mean_weight}
 
 
 def kl_divergence(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:

@@ -9,6 +9,12 @@ across ranks the average of rank gradients weighs tokens slightly differently fr
 
 Advantages are computed once per batch, before the update (`compute_advantages`), from rollout-time log-probs and
 values; they stay fixed across the update's epochs.
+
+Off-policy correction. PPO's ratio is taken against `batch.old_logprobs`, which the inference worker recomputes with
+the training forward pass: they are the proximal policy π_prox, the one the update starts from. When the responses
+were sampled by another policy, the behaviour policy π_behav (an older version with runner.max_staleness > 0, or the
+rollout engine's own kernels), the caller passes its per-token log-probs as `behaviour_logprobs`, and every token is
+weighted by π_prox / π_behav as algorithm.off_policy_correction says (`behaviour_weight`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from .advantages import (
 from .batch import SequenceBatch, response_logits
 from .losses import (
     aggregate_loss,
+    behaviour_weight,
     entropy_from_logits,
     kl_divergence,
     logprobs_from_logits,
@@ -124,6 +131,7 @@ def llm_update(
     critic_optimizer: torch.optim.Optimizer | None = None,
     returns: Tensor | None = None,
     old_values: Tensor | None = None,
+    behaviour_logprobs: Tensor | None = None,
     allreduce_grads: Callable[[nn.Module], None] | None = None,
 ) -> dict[str, float]:
     """Run `update_epochs` x `num_minibatches` optimizer steps on `batch`'s rows; returns train/* means over them.
@@ -136,6 +144,12 @@ def llm_update(
     ppo also needs `critic` (a `ValueModel`), `critic_optimizer`, `returns` and `old_values` ([B, T], rollout-time):
     the critic takes its own step per minibatch on vf_coef * the (clipped) value loss, with its own all-reduce and
     clipping. `train/grad_norm` is the policy's total norm before clipping.
+
+    `behaviour_logprobs` ([B, T]) are the log-probs of the policy that sampled the responses, when it is not the
+    proximal one of `batch.old_logprobs` (the actor's weights at the start of this update). None means they are the
+    same (synchronous training): w = 1, plain PPO. Otherwise each token's surrogate is weighted by the fixed
+    `behaviour_weight(old_logprobs, behaviour_logprobs)` under alg.off_policy_correction and alg.behaviour_weight_cap,
+    whose mean over valid tokens is `train/behaviour_weight` (1 without behaviour log-probs).
     """
     if batch.old_logprobs is None:
         raise ValueError("llm_update needs batch.old_logprobs (the inference worker fills them)")
@@ -148,11 +162,24 @@ def llm_update(
     num_rows = batch.num_rows
     if num_rows < alg.num_minibatches:
         raise ValueError(f"{num_rows} rows are too few for {alg.num_minibatches} minibatches")
+    weights = None  # fixed for the whole update, as both log-probs are
+    if behaviour_logprobs is not None:
+        if behaviour_logprobs.shape != batch.old_logprobs.shape:
+            raise ValueError(
+                f"behaviour_logprobs has shape {tuple(behaviour_logprobs.shape)}, "
+                f"batch.old_logprobs {tuple(batch.old_logprobs.shape)}"
+            )
+        weights = behaviour_weight(
+            batch.old_logprobs,
+            behaviour_logprobs.to(batch.old_logprobs.device),
+            alg.off_policy_correction,
+            alg.behaviour_weight_cap,
+        )
 
     input_ids, attention_mask = batch.input_ids, batch.attention_mask
     width = batch.prompts.shape[1]
     mask = batch.response_mask
-    keys = ["policy_loss", "entropy", "kl", "clip_frac", "approx_kl", "grad_norm"]
+    keys = ["policy_loss", "entropy", "kl", "clip_frac", "approx_kl", "behaviour_weight", "grad_norm"]
     if critic is not None:
         keys.append("value_loss")
     stats: dict[str, list[Tensor]] = {key: [] for key in keys}
@@ -177,6 +204,7 @@ def llm_update(
                 alg.clip_ratio_low,
                 alg.clip_ratio_high,
                 alg.loss_agg,
+                None if weights is None else weights[rows].to(device),
             )
             entropy = aggregate_loss(entropy_from_logits(logits), row_mask, alg.loss_agg)
             loss = pg_loss - alg.ent_coef * entropy
