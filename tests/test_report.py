@@ -29,6 +29,7 @@ from rlplace.report.write import recommendation
 TINY = [
     "cluster=local",  # 2 devices, not the preset's 4: keeps a skipped job, and 2 runs instead of 3
     "rollout.pipeline_stage_num=2",  # narrows the sweep's params to one value
+    "runner.max_staleness=0",  # and this one
     "task.total_num_envs=4",
     "rollout.num_steps=8",
     "algorithm.num_minibatches=2",
@@ -70,11 +71,11 @@ def test_report_states_n_spread_wait_per_device_and_a_recommendation(tmp_path: P
     (tmp_path / "2").mkdir()
     (tmp_path / "2" / "skipped.txt").write_text("needs 8 devices")
     report = write_report(tmp_path).read_text()
-    header = "| job | mode | stages | devices | n | env steps/s | spread | ideal | vs collocated | per device/s |"
-    assert header in report and "| env s | rollout s | wait s | train s |" in report
+    header = "| job | mode | stages | K | devices | n | env steps/s | spread | ideal | vs collocated | per device/s |"
+    assert header in report and "| env s | rollout s | wait s | train s | overlap s |" in report
     # n = 5 of 7 steps; ideal = 1300 / (1 s - 0.2 s of wait); 1300 / 4 devices x 3600 = 1.17M per device-hour
     assert (
-        "| 1 | hybrid | 2 | 4 | 5 | 1300 | 1250-1350 | 1625 | 1.30x | 325 | 1.17M | 1.000 | 0.300 | 0.400 | 0.200 |"
+        "| 1 | hybrid | 2 | 0 | 4 | 5 | 1300 | 1250-1350 | 1625 | 1.30x | 325 | 1.17M | 1.000 | 0.300 | 0.400 | 0.200"
         in report
     )
     assert "- job 2 (2): skipped: needs 8 devices" in report
@@ -162,8 +163,8 @@ def test_tiny_sweep_writes_report_charts_and_one_wandb_run_per_job(sweep: tuple[
     assert "skipping job 1" in stdout  # disaggregated needs 4 devices; cluster=local has 2
     report = (sweep_dir / "report.md").read_text()
     # 2 steps leave none after warm-up: n = 2, starred as measured over all steps
-    assert "| 0 | collocated | 2 | 2 | 2* |" in report and "| 2 | hybrid | 2 | 2 | 2* |" in report
-    assert "- job 1 (placement=disaggregated rollout.pipeline_stage_num=2): skipped:" in report
+    assert "| 0 | collocated | 2 | 0 | 2 | 2* |" in report and "| 2 | hybrid | 2 | 0 | 2 | 2* |" in report
+    assert "- job 1 (placement=disaggregated rollout.pipeline_stage_num=2 runner.max_staleness=0): skipped:" in report
     assert report.rstrip().splitlines()[-1].startswith("**Recommendation:** fastest: ")
     assert "(2 devices)" in report.rstrip().splitlines()[-1]
     for png in ("throughput", "speedup", "time_breakdown", "utilization", "timeline_0", "timeline_2"):

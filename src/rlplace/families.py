@@ -39,8 +39,9 @@ class Family:
     check: Callable[[Any, ComponentPlacement], None]
     """Checks that need the placement, run before any worker starts."""
     launcher: str
-    """Module with `train(cfg, cluster, run_dir, logger, history)`, `run_labels(cfg)` and
-    `summary(cfg, mode, final, run_dir)`."""
+    """Module with `start(cfg, cluster)`, which starts the run's worker groups (the logger starts while they do),
+    `train(cfg, started_groups, run_dir, logger, history, started)`, `check_checkpoint(cfg, folder)`,
+    `run_labels(cfg)` and `summary(cfg, mode, final, run_dir)`."""
 
     def option_types(self) -> dict[str, type]:
         """Section -> the dataclass this family's options of that config group start from."""

@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from rlplace.core import checkpoint, preemption
 from rlplace.core.config import CONF_DIR
 from rlplace.core.errors import ConfigError
 from rlplace.families import Plan, register, resolve
-from rlplace.metrics import build_logger, summarize
+from rlplace.metrics import MetricLogger, build_logger, process_uptime_s, summarize
 from rlplace.placement import PlacementError
 from rlplace.scheduler import ClusterError
 
@@ -37,17 +38,22 @@ log = logging.getLogger("rlplace")
 """The run's messages: on the console and, through Hydra's job logging, in the run folder's train.log."""
 RUN_INFO = "run.json"
 """What the sweep report needs to label a run: its mode, device budget, and the family's labels (stages)."""
+SUMMARY_PREFIXES = ("final/", "eval/", "run/")
+"""The keys of the launcher's final metrics that go into the run's summary, besides the medians of `summarize`."""
 
 
-def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
-    """Check the checkpoint to resume, start the cluster, then the logger, and run the family's launcher.
+def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | None = None) -> dict[str, float]:
+    """Check the checkpoint to resume, start the cluster, then the family's groups and, while they start, the logger;
+    then run the family's loop.
 
     Raises ConfigError for a checkpoint that cannot resume this run and ClusterError for a cluster that cannot hold
     it, both before any worker starts. SIGTERM or Ctrl-C during the run end it after the current step, with a
-    checkpoint (`preemption`).
+    checkpoint (`preemption`). `started` is the `time.monotonic()` reading `run/startup_s` counts from (None: now);
+    `run/teardown_s` counts from the loop's end until the workers and Ray are stopped.
     """
     from rlplace.scheduler import Cluster  # Ray is imported when a run starts: `--help` and TAB completion stay quick
 
+    started = time.monotonic() if started is None else started
     cfg, mode, launcher = plan.cfg, plan.placement.mode, plan.launcher
     resume = checkpoint.resolve_resume(cfg.runner.resume, run_dir / checkpoint.FOLDER)
     if resume is not None:
@@ -58,44 +64,61 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict) -> dict[str, float]:
     )
     log.info(f"rlplace: {mode} {plan.family.name} run of {cfg.task.name} ({devices}); outputs in {run_dir}")
     labels = launcher.run_labels(cfg)
-    tags = [f"{key}{value}" for key, value in labels.items()]
     history: list[dict[str, float]] = []
     processes = [process for name in plan.placement for process in plan.placement.get_placements(name)]
-    with (
-        Cluster(cfg.cluster, call_timeout_s=cfg.runner.hang_timeout_s, placements=processes) as cluster,
-        preemption.handled(),
-    ):
-        (run_dir / RUN_INFO).write_text(json.dumps({"mode": mode, "num_devices": plan.placement.num_devices, **labels}))
-        wandb = cfg.logger.wandb
-        logger = build_logger(
-            cfg.logger.backend,
-            run_dir,
-            config=resolved_config,
-            project=wandb.project,
-            name="-".join([mode, *tags, run_dir.name]),
-            group=wandb.group,
-            tags=[*wandb.tags, plan.family.name, cfg.task.name, mode, *tags],
-            mode=wandb.mode,
-            start_step=0 if resume is None else checkpoint.step_of(resume),
-        )
-        try:
-            final = launcher.train(cfg, cluster, run_dir, logger, history)
-            summary = summarize(history)
-            logger.log_summary({**summary, **{k: v for k, v in final.items() if k.startswith(("final/", "eval/"))}})
-        finally:
+    logger: MetricLogger | None = None
+    try:
+        with (
+            Cluster(cfg.cluster, call_timeout_s=cfg.runner.hang_timeout_s, placements=processes) as cluster,
+            preemption.handled(),
+        ):
+            info = {"mode": mode, "num_devices": plan.placement.num_devices, **labels}
+            (run_dir / RUN_INFO).write_text(json.dumps(info))
+            starting = launcher.start(cfg, cluster)  # the workers' processes start, and meanwhile the logger
+            logger = run_logger(plan, run_dir, resolved_config, labels, resume)
+            final = launcher.train(cfg, starting, run_dir, logger, history, started)
+            trained = time.monotonic()
+        # The logger outlives the cluster so that the summary has the teardown too.
+        final["run/teardown_s"] = time.monotonic() - trained
+        summary = summarize(history)
+        logger.log_summary({**summary, **{k: v for k, v in final.items() if k.startswith(SUMMARY_PREFIXES)}})
+    finally:
+        if logger is not None:
             logger.close()
     return final
+
+
+def run_logger(
+    plan: Plan, run_dir: Path, resolved_config: dict, labels: dict[str, Any], resume: Path | None
+) -> MetricLogger:
+    """The run's logger (metrics.jsonl, plus wandb when chosen), its wandb run named and tagged by mode and labels."""
+    cfg, mode = plan.cfg, plan.placement.mode
+    tags = [f"{key}{value}" for key, value in labels.items()]
+    wandb = cfg.logger.wandb
+    return build_logger(
+        cfg.logger.backend,
+        run_dir,
+        config=resolved_config,
+        project=wandb.project,
+        name="-".join([mode, *tags, run_dir.name]),
+        group=wandb.group,
+        tags=[*wandb.tags, plan.family.name, cfg.task.name, mode, *tags],
+        mode=wandb.mode,
+        start_step=0 if resume is None else checkpoint.step_of(resume),
+    )
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def run(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    # A single run starts with the command; a multirun job with itself (its process ran the jobs before it).
+    started = time.monotonic() - (process_uptime_s() if hydra_cfg.mode == RunMode.RUN else 0.0)
     try:
         plan = resolve(cfg)
         if hydra_cfg.mode == RunMode.MULTIRUN and plan.cfg.logger.wandb.group is None:
             plan.cfg.logger.wandb.group = sweep_group(hydra_cfg)
-        final = train(plan, run_dir, OmegaConf.to_container(cfg, resolve=True))
+        final = train(plan, run_dir, OmegaConf.to_container(cfg, resolve=True), started)
     except (ConfigError, PlacementError, ClusterError) as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             # One combination of a sweep that this cluster cannot hold: skip it, keep sweeping.
@@ -105,6 +128,10 @@ def run(cfg: DictConfig) -> float | None:
         fail(str(err))
     line, objective = plan.launcher.summary(plan.cfg, plan.placement.mode, final, run_dir)
     log.info(line)
+    log.info(
+        f"rlplace: start-up {final['run/startup_s']:.1f} s (command to first step), "
+        f"teardown {final['run/teardown_s']:.1f} s (last step to workers and Ray stopped)"
+    )
     log.info(f"rlplace: timeline {run_dir / 'timeline.json'} (chrome://tracing or ui.perfetto.dev)")
     wandb_runs = sorted((run_dir / "wandb").glob("*run-*"))
     if wandb_runs:

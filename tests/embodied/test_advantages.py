@@ -85,7 +85,7 @@ def test_group_size_must_divide_envs() -> None:
 
 def _batch(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor) -> Trajectory:
     num_steps, num_envs = rewards.shape
-    batch = Trajectory.allocate(num_steps, torch.arange(num_envs), obs_dim=1, action_shape=())
+    batch = Trajectory.allocate(num_steps, torch.arange(num_envs), obs_dim=1, action_shape=(), version=0)
     batch.rewards, batch.values, batch.dones = rewards, values, dones
     return batch
 

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from rlplace.embodied.losses import behaviour_weight, entropy_bonus, ppo_policy_loss, value_loss
+from rlplace.core.off_policy import behaviour_weight
+from rlplace.embodied.losses import entropy_bonus, ppo_policy_loss, value_loss
 
 
 def test_policy_loss_clipped_and_unclipped() -> None:

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from rlplace.core.errors import ConfigError
+from rlplace.core.off_policy import behaviour_weight
 from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.envs import ActionSpec
-from rlplace.embodied.losses import behaviour_weight, ppo_policy_loss, value_loss
+from rlplace.embodied.losses import ppo_policy_loss, value_loss
 from rlplace.embodied.policy import MLPActorCritic
 from rlplace.embodied.ppo import ppo_update, proximal_logprobs
 

@@ -128,6 +128,11 @@ def run(run_dir: Path, *overrides: str) -> list[dict[str, float]]:
     return metrics(run_dir)
 
 
+def mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
 def metrics(run_dir: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -157,7 +162,12 @@ def collocated_run(shared_ray: None, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.mark.slow
 def test_run_writes_metrics_timeline_and_checkpoints(hybrid_run: Path) -> None:
-    assert json.loads((hybrid_run / RUN_INFO).read_text()) == {"mode": "hybrid", "num_devices": 2, "stages": 2}
+    assert json.loads((hybrid_run / RUN_INFO).read_text()) == {
+        "mode": "hybrid",
+        "num_devices": 2,
+        "stages": 2,
+        "staleness": 0,
+    }
     rows = metrics(hybrid_run)
     assert [row["step"] for row in rows] == [0, 1]
     for key in (
@@ -178,6 +188,8 @@ def test_run_writes_metrics_timeline_and_checkpoints(hybrid_run: Path) -> None:
     names = {event["name"] for event in trace["traceEvents"] if event["ph"] == "X"}
     assert {"env_step", "rollout_infer", "training", "sync_weights", "offload", "onload"} <= names
     assert sorted(p.name for p in (hybrid_run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    summary = json.loads((hybrid_run / "summary.json").read_text())
+    assert summary["run/startup_s"] > 0 and summary["run/teardown_s"] > 0
 
 
 @pytest.mark.slow
@@ -263,6 +275,33 @@ def test_resume_continues_exactly(hybrid_run: Path, tmp_path: Path, placement: l
     assert [row["step"] for row in resumed] == [1]
     for key in (*COMPARED, "env/total_steps", "train/lr"):
         assert resumed[0][key] == full[1][key], key
+
+
+# Asynchronous training, K = 1: the actor on device 1 alone, so training overlaps generation; collocated, everything
+# on device 0, so they take turns. Either way step t trains on rollouts acted on with weights v(max(0, t - 1)).
+OVERLAPPED = [*HYBRID[:3], "cluster.component_placement.actor=1", "cluster.component_placement.rollout=0:0-1"]
+ASYNC = ["runner.max_staleness=1", "runner.max_steps=4"]
+
+
+@pytest.mark.slow
+def test_async_training_gives_the_same_numbers_in_every_placement_and_resumes_exactly(
+    shared_ray: None, tmp_path: Path
+) -> None:
+    overlapped = run(mkdir(tmp_path / "overlapped"), *OVERLAPPED, *ASYNC, "runner.save_interval=2")
+    collocated = run(mkdir(tmp_path / "collocated"), *COLLOCATED, *ASYNC)
+    assert [row["async/staleness"] for row in overlapped] == [0.0, 1.0, 1.0, 1.0]  # step 0: the initial weights
+    assert all(row["time/overlap"] > 0 for row in overlapped[1:3])  # steps 1, 2 generate ahead beside training
+    for step in range(4):
+        for key in (*COMPARED, "env/total_steps", "train/behaviour_weight"):
+            assert overlapped[step].get(key) == collocated[step].get(key), (step, key)  # the last generates nothing
+    # Resumed collocated from the overlapped run's step-2 checkpoint, which holds the batch generated ahead.
+    checkpoint = tmp_path / "overlapped" / "checkpoints" / "step_000002"
+    assert sorted(p.name for p in (checkpoint / "pending").iterdir()) == ["0.pt"]
+    resumed = run(mkdir(tmp_path / "resumed"), *COLLOCATED, *ASYNC, f"runner.resume={checkpoint}")
+    assert [row["step"] for row in resumed] == [2, 3]
+    for row, full in zip(resumed, overlapped[2:], strict=True):
+        for key in (*COMPARED, "env/total_steps", "train/lr", "train/behaviour_weight"):
+            assert row.get(key) == full.get(key), key
 
 
 @pytest.mark.slow

@@ -6,17 +6,14 @@ from dataclasses import fields
 
 import torch
 
-from rlplace.embodied.trajectory import Trajectory
-
-PER_ENV = ("env_indices", "last_value", "last_done")
-"""Fields with the env axis first ([n]); the others are [T, n, ...]."""
+from rlplace.embodied.trajectory import PER_ENV, Trajectory
 
 
 def _filled(
     env_indices: list[int], num_steps: int = 3, obs_dim: int = 2, action_shape: tuple[int, ...] = ()
 ) -> Trajectory:
     """A trajectory whose every entry encodes its global env index (100 * env + step + k / 10 per field k)."""
-    traj = Trajectory.allocate(num_steps, torch.tensor(env_indices), obs_dim, action_shape)
+    traj = Trajectory.allocate(num_steps, torch.tensor(env_indices), obs_dim, action_shape, version=3)
     envs = torch.tensor(env_indices, dtype=torch.float32)
     for k, f in enumerate(fields(Trajectory)):
         value = getattr(traj, f.name)
@@ -37,7 +34,7 @@ def _assert_equal(a: Trajectory, b: Trajectory) -> None:
 
 
 def test_allocate_shapes() -> None:
-    traj = Trajectory.allocate(5, torch.arange(4, 7), obs_dim=3, action_shape=(2,))
+    traj = Trajectory.allocate(5, torch.arange(4, 7), obs_dim=3, action_shape=(2,), version=0)
     assert traj.obs.shape == (5, 3, 3) and traj.actions.shape == (5, 3, 2)
     assert traj.logprobs.shape == traj.values.shape == traj.rewards.shape == traj.dones.shape == (5, 3)
     assert traj.last_value.shape == traj.last_done.shape == (3,)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -62,6 +65,28 @@ def test_wandb_logger_offline_writes_a_local_run(tmp_path, monkeypatch) -> None:
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     assert list(runs[0].glob("*.wandb"))
+
+
+CONSOLE_SCRIPT = """
+import logging, sys
+from rlplace.metrics import WandbLogger
+handler = logging.StreamHandler(sys.stdout)  # bound to sys.stdout before wandb starts, as Hydra's console handler is
+logging.getLogger("probe").addHandler(handler)
+logger = WandbLogger(project="rlplace-test", dir=sys.argv[1])
+print("printed to stdout")
+print("printed to stderr", file=sys.stderr)
+logging.getLogger("probe").warning("logged through a handler")
+logger.close()
+"""
+
+
+def test_wandb_run_captures_the_console(tmp_path) -> None:
+    # In a process of its own: pytest's capture of this process's stdout would be captured instead.
+    env = {**os.environ, "WANDB_SILENT": "true", "WANDB_MODE": "offline"}
+    subprocess.run([sys.executable, "-c", CONSOLE_SCRIPT, str(tmp_path)], env=env, check=True, timeout=60)
+    (output,) = (tmp_path / "wandb").glob("offline-run-*/files/output.log")
+    lines = output.read_text().splitlines()
+    assert {"printed to stdout", "printed to stderr", "logged through a handler"} <= set(lines)
 
 
 def test_every_start_in_a_run_folder_continues_one_wandb_run(tmp_path, monkeypatch) -> None:

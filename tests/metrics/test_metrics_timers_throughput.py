@@ -1,10 +1,13 @@
-"""PhaseTimer with a fake clock, and throughput per device over the whole device budget."""
+"""PhaseTimer with a fake clock, the process's uptime, and throughput per device over the whole device budget."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from rlplace.metrics import PhaseTimer, Timeline, per_device, throughput, throughput_metrics
+from rlplace.metrics import PhaseTimer, Timeline, per_device, process_uptime_s, throughput, throughput_metrics
 
 
 class FakeClock:
@@ -67,3 +70,11 @@ def test_throughput_per_device_divides_by_the_whole_budget() -> None:
         throughput(10, 0.0)
     with pytest.raises(ValueError, match="at least one device"):
         per_device(10.0, 0)
+
+
+def test_process_uptime_counts_from_the_process_start() -> None:
+    # A child that sleeps 0.5 s before it first asks: the interpreter's start and the sleep are counted.
+    code = "import time; time.sleep(0.5); from rlplace.metrics import process_uptime_s; print(process_uptime_s())"
+    uptime = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0.5 <= uptime < 30
+    assert 0 < process_uptime_s()

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from rlplace.core.off_policy import behaviour_weight
 from rlplace.reasoning.losses import (
-    behaviour_weight,
     entropy_from_logits,
     kl_divergence,
     logprobs_from_logits,

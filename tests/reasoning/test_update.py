@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from rlplace.core.errors import ConfigError
+from rlplace.core.off_policy import behaviour_weight
 from rlplace.reasoning.advantages import grpo_advantages, masked_mean, reinforce_pp_advantages
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
-from rlplace.reasoning.losses import behaviour_weight
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.update import compute_advantages, llm_update

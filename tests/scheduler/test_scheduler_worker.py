@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlplace.placement import Placement, PlacementStrategy
-from rlplace.scheduler import Cluster, Worker, WorkerError, WorkerGroup, WorkerTimeout, timer, wait_all
+from rlplace.scheduler import Cluster, Worker, WorkerError, WorkerGroup, WorkerTimeout, timer, wait_all, wait_started
 from tests.scheduler.helpers import on_devices
 
 ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -252,3 +252,21 @@ def test_launch_checks_placements_before_starting_anything(cluster: Cluster, pro
 def test_failing_init_is_reported_at_launch(cluster: Cluster) -> None:
     with pytest.raises(WorkerError, match=r"(?s)group 'broken' rank 0: __init__\(\) failed.*missing config"):
         Broken.create_group().launch(cluster, name="broken", placement_strategy=on_devices((0,)))
+
+
+def test_groups_started_together_are_ready_together(cluster: Cluster) -> None:
+    first = Probe.create_group("a").start(cluster, name="first", placement_strategy=on_devices((0,)))
+    second = Probe.create_group("b").start(cluster, name="second", placement_strategy=on_devices((1,)))
+    groups = wait_started(first, second)
+    assert groups == [first.group, second.group]
+    assert [group.identity().wait()[0]["tag"] for group in groups] == ["a", "b"]
+    for group in groups:
+        group.terminate()
+
+
+def test_a_failing_init_tears_down_every_group_started_with_it(cluster: Cluster) -> None:
+    healthy = Probe.create_group("h").start(cluster, name="healthy", placement_strategy=on_devices((0,)))
+    broken = Broken.create_group().start(cluster, name="broken", placement_strategy=on_devices((1,)))
+    with pytest.raises(WorkerError, match=r"(?s)group 'broken' rank 0: __init__\(\) failed.*missing config"):
+        wait_started(healthy, broken)
+    assert healthy.group.terminated and broken.group.terminated

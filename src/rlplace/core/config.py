@@ -189,12 +189,17 @@ class RunnerConfig:
     eval_interval: int = 10
     """Reasoning tasks: steps between greedy evaluations on the held-out split (also before the first step and
     after the last)."""
+    max_staleness: int = 0
+    """K: the rollouts of step t are generated with policy version max(0, t - K), exactly, so the numbers depend on
+    the seed and K, never on placement or timing. 0 is the synchronous loop; K >= 1 lets generation run K steps
+    ahead of training, overlapping it where the actor has devices of its own (embodied tasks)."""
 
     def __post_init__(self) -> None:
         check(self.max_steps >= 1, "runner.max_steps", self.max_steps, "at least 1 (a run with no step trains nothing)")
         check(self.save_interval >= 0, "runner.save_interval", self.save_interval, "0 (only at the end) or more")
         check(self.eval_interval >= 1, "runner.eval_interval", self.eval_interval, "at least 1")
         check(self.hang_timeout_s > 0, "runner.hang_timeout_s", self.hang_timeout_s, "positive")
+        check(self.max_staleness >= 0, "runner.max_staleness", self.max_staleness, "0 (synchronous) or more")
 
 
 @dataclass

@@ -1,14 +1,15 @@
 """Launch an embodied run on a cluster: the env, rollout and actor groups where the placement says, then the loop.
 
 This is the whole user-facing flow (`Cluster` -> placement -> `create_group(...).start(...)` for each group ->
-`wait_started` -> runner), as `rlplace-train` runs it for an embodied task.
+`wait_started` -> runner), as `rlplace-train` runs it for an embodied task: `start`, then `train`.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlplace.core import checkpoint
 from rlplace.embodied.config import FAMILY, EmbodiedConfig
@@ -19,35 +20,62 @@ from rlplace.placement import HybridComponentPlacement
 from rlplace.scheduler import Cluster, StartingGroup, WorkerGroupSpec, wait_started
 
 
-def train(
-    cfg: EmbodiedConfig, cluster: Cluster, run_dir: Path, logger: MetricLogger, history: list[dict[str, float]]
-) -> dict[str, float]:
-    """Start the groups, run the loop; returns the last step's metrics plus `run/*` and `final/*`."""
+class StartingRun(NamedTuple):
+    """The groups of a run whose processes are starting, and the placement they start in (from `start`)."""
+
+    placement: HybridComponentPlacement
+    env: StartingGroup
+    rollout: StartingGroup
+    actor: StartingGroup
+
+
+def start(cfg: EmbodiedConfig, cluster: Cluster) -> StartingRun:
+    """Start the env, rollout and actor groups together, without waiting for them (`train` waits): their processes
+    import torch and build their models side by side, while the driver goes on (it starts the logger)."""
     placement = HybridComponentPlacement(cfg, cluster)
     env_world_size = placement.get_world_size("env")
 
-    def start(group: WorkerGroupSpec, name: str) -> StartingGroup:
+    def start_group(group: WorkerGroupSpec, name: str) -> StartingGroup:
         return group.start(cluster, name=name, placement_strategy=placement.get_strategy(name))
 
-    # All three groups start before any is waited for, so their processes import torch and build models side by side.
-    env, rollout, actor = wait_started(
-        start(EnvWorker.create_group(cfg), "env"),
-        start(RolloutWorker.create_group(cfg, env_world_size, placement.get_world_size("actor")), "rollout"),
-        start(ActorWorker.create_group(cfg, env_world_size), "actor"),
+    return StartingRun(
+        placement,
+        env=start_group(EnvWorker.create_group(cfg), "env"),
+        rollout=start_group(
+            RolloutWorker.create_group(cfg, env_world_size, placement.get_world_size("actor")), "rollout"
+        ),
+        actor=start_group(ActorWorker.create_group(cfg, env_world_size), "actor"),
     )
+
+
+def train(
+    cfg: EmbodiedConfig,
+    starting: StartingRun,
+    run_dir: Path,
+    logger: MetricLogger,
+    history: list[dict[str, float]],
+    started: float,
+) -> dict[str, float]:
+    """Wait for the groups, run the loop; returns the last step's metrics plus `run/*` and `final/*`.
+
+    `run/startup_s` counts from `started` (a `time.monotonic()` reading: the command's start) to the loop's start.
+    """
+    env, rollout, actor = wait_started(starting.env, starting.rollout, starting.actor)
     runner = EmbodiedRunner(
         cfg,
         actor=actor,
         rollout=rollout,
         env=env,
-        placement=placement,
+        placement=starting.placement,
         run_dir=run_dir,
         logger=logger,
         identity=checkpoint_identity(cfg),
         history=history,
     )
     runner.init_workers()
+    startup_s = time.monotonic() - started
     final = runner.run()
+    final["run/startup_s"] = startup_s
     final["final/return_last20"] = final.get("env/return_last20", math.nan)
     return final
 
@@ -61,6 +89,7 @@ def checkpoint_identity(cfg: EmbodiedConfig) -> dict[str, Any]:
         "task.name": cfg.task.name,
         "task.max_episode_steps": cfg.task.max_episode_steps,
         "model.hidden_sizes": cfg.model.hidden_sizes,
+        "runner.max_staleness": cfg.runner.max_staleness,  # a checkpoint holds the K batches generated ahead
     }
 
 
@@ -71,7 +100,7 @@ def check_checkpoint(cfg: EmbodiedConfig, folder: Path) -> None:
 
 def run_labels(cfg: EmbodiedConfig) -> dict[str, Any]:
     """What tells this run apart from others of a sweep besides its mode (run.json, wandb tags)."""
-    return {"stages": cfg.rollout.pipeline_stage_num}
+    return {"stages": cfg.rollout.pipeline_stage_num, "staleness": cfg.runner.max_staleness}
 
 
 def summary(cfg: EmbodiedConfig, mode: str, final: dict[str, float], run_dir: Path) -> tuple[str, float]:

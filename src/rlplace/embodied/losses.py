@@ -4,34 +4,15 @@ The total loss, in the paper's notation, is L = L_clip - c2 * S + c1 * L_vf, whe
 quantity to minimise), `entropy_bonus` is S and `value_loss` is L_vf.
 
 With asynchronous training (runner.max_staleness > 0) the rollouts come from an older behaviour policy π_behav.
-`behaviour_weight` turns that into one detached importance weight per sample, which `ppo_policy_loss` multiplies into
-the clipped surrogate it takes against the proximal policy π_prox (algorithm.off_policy_correction says how).
+`rlplace.core.off_policy.behaviour_weight` turns that into one detached importance weight per sample, which
+`ppo_policy_loss` multiplies into the clipped surrogate it takes against the proximal policy π_prox
+(algorithm.off_policy_correction says how).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-OFF_POLICY_CORRECTIONS = ("decoupled", "truncated_is")
-
-
-def behaviour_weight(proximal_logprob: Tensor, behaviour_logprob: Tensor, correction: str, cap: float | None) -> Tensor:
-    """The detached importance weight w of each sample from π_prox / π_behav, as `correction` bounds it.
-
-    "decoupled" (AReaL, Fu et al. 2025): w = π_prox / π_behav, and where a `cap` is given, samples with w > cap get
-    w = 0 (dropped, as AReaL's behav_imp_weight_cap). "truncated_is" (Yao et al. 2025; IMPALA's and ACER's
-    truncation): w = min(π_prox / π_behav, cap), every sample kept; it needs a cap. With equal log-probs w is exactly 1.
-    """
-    with torch.no_grad():
-        weight = (proximal_logprob - behaviour_logprob).exp()
-        if correction == "decoupled":
-            return weight if cap is None else torch.where(weight > cap, torch.zeros_like(weight), weight)
-        if correction == "truncated_is":
-            if cap is None:
-                raise ValueError("truncated_is needs a cap (algorithm.behaviour_weight_cap)")
-            return torch.clamp(weight, max=cap)
-    raise ValueError(f"unknown correction {correction!r}: valid are {', '.join(OFF_POLICY_CORRECTIONS)}")
 
 
 def ppo_policy_loss(

@@ -19,10 +19,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from rlplace.core.off_policy import behaviour_weight
 from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.policy import MLPActorCritic
 
-from .losses import behaviour_weight, entropy_bonus, ppo_policy_loss, value_loss
+from .losses import entropy_bonus, ppo_policy_loss, value_loss
 
 BATCH_KEYS = ("obs", "actions", "logprobs", "values", "advantages", "returns")
 """The flat ([B, ...]) tensors a batch must hold: rollout-time obs, actions, log-probs and values, plus targets."""

@@ -89,6 +89,18 @@ class EmbodiedRunner:
         self.identity = identity
         self.generation_window = (0.0, 0.0)
         """Unix times the last generation phase began and ended (time/generation_efficiency)."""
+        self.training_window: tuple[float, float] | None = None
+        """When training ran beside generation this step: the window in which the actor's busy time is its
+        time/training (the driver cannot time a phase it does not wait on alone)."""
+        actor_devices = set(placement.devices_of("actor"))
+        self.overlap = not actor_devices & (set(placement.devices_of("env")) | set(placement.devices_of("rollout")))
+        """Whether generation and training can run side by side (runner.max_staleness > 0): the actor's devices are
+        its own."""
+        if cfg.runner.max_staleness and not self.overlap:
+            log.info(
+                f"rlplace: runner.max_staleness={cfg.runner.max_staleness}: the actor shares devices with env or "
+                "rollout here, so generation and training take turns (give the actor devices of its own to overlap)"
+            )
 
     def init_workers(self) -> None:
         """Restore from `runner.resume` if it names a checkpoint; start with the actor's weights on its devices."""
@@ -142,33 +154,74 @@ class EmbodiedRunner:
         return statistics.fmean(self.recent_returns) if self.recent_returns else float("nan")
 
     def step(self, step: int, channels: Channels) -> dict[str, float]:
-        """One synchronous step: the rollout acts only with the weights of the previous `step` updates."""
+        """One training step, with K = runner.max_staleness.
+
+        K = 0, synchronous: the rollout gets the weights of the previous `step` updates, generates this step's
+        rollouts with them, and the actor trains on them. K > 0: this step's batch was generated K steps earlier
+        (the first K, at step 0, with the initial weights); the rollout gets v(step) and generates step + K with it
+        while the actor trains on this step's batch: side by side where the actor's devices are its own, in turn
+        where it shares them. Either way the batch of step t comes from weights max(0, t - K), whatever the timing.
+        """
         t0 = time.time()
+        k = self.cfg.runner.max_staleness
+        episodes: list[EpisodeStats] = []
+        env_steps = 0
         with self.timer.phase("step"):
             self.switcher.before("sync_weights")
             self.update_rollout_weights()
-            self.switcher.before("generate_rollouts")
-            episodes, env_steps = self.generate_rollouts(step, channels)
-            self.switcher.before("training")
-            self.compute_advantages_and_returns()
-            train_stats = self.run_training(step)
+            first = [step] if k == 0 else list(range(min(k, self.cfg.runner.max_steps))) if step == 0 else []
+            for generated in first:  # synchronous, or the batches of the first K steps
+                self.switcher.before("generate_rollouts")
+                found, served = self.generate_rollouts(generated, step, channels)
+                episodes, env_steps = episodes + found, env_steps + served
+            ahead = step + k if k and step + k < self.cfg.runner.max_steps else None
+            if ahead is not None and self.overlap:
+                found, served, train_stats = self.generate_while_training(ahead, step, channels)
+            else:
+                if ahead is not None:
+                    self.switcher.before("generate_rollouts")
+                    found, served = self.generate_rollouts(ahead, step, channels)
+                self.switcher.before("training")
+                self.compute_advantages_and_returns()
+                train_stats = self.run_training(step)
+            if ahead is not None:
+                episodes, env_steps = episodes + found, env_steps + served
         return self.record(t0, episodes, env_steps, train_stats)
 
     def update_rollout_weights(self) -> None:
         with self.timer.phase("sync_weights"):
             wait_all(self.actor.sync_weights(), self.rollout.sync_weights())
 
-    def generate_rollouts(self, step: int, channels: Channels) -> tuple[list[EpisodeStats], int]:
-        """Env, rollout and actor together: observations and actions through two channels, stage by stage, and
-        trajectories into the actor. Returns the finished episodes and the env steps taken."""
+    def generate_rollouts(self, step: int, version: int, channels: Channels) -> tuple[list[EpisodeStats], int]:
+        """Env, rollout and actor together: the rollouts of `step`, acted on with weights `version`; observations
+        and actions through two channels, stage by stage, and trajectories into the actor. Returns the finished
+        episodes and the env steps taken."""
         start = time.time()
         with self.timer.phase("generate_rollouts"):
             # The rollout first: its call is the one the step waits for (the env's first observations are queued).
-            generated = self.rollout.generate(step, step, channels.obs, channels.actions, channels.trajectories)
+            generated = self.rollout.generate(step, version, channels.obs, channels.actions, channels.trajectories)
             interacted = self.env.interact(self.cfg.rollout.num_steps, channels.obs, channels.actions)
-            served, episodes, _ = wait_all(generated, interacted, self.actor.recv_rollout_batch(channels.trajectories))
+            episodes, served, _ = wait_all(interacted, generated, self.actor.recv_rollout_batch(channels.trajectories))
         self.generation_window = (start, time.time())
         return episodes, sum(served)
+
+    def generate_while_training(
+        self, ahead: int, step: int, channels: Channels
+    ) -> tuple[list[EpisodeStats], int, dict[str, float]]:
+        """The rollouts of step `ahead` with weights `step`, while the actor trains on the batch of `step` and then
+        takes in the new one. Returns what `generate_rollouts` does, and the training stats."""
+        start = self.timer.now()
+        generated = self.rollout.generate(ahead, step, channels.obs, channels.actions, channels.trajectories)
+        interacted = self.env.interact(self.cfg.rollout.num_steps, channels.obs, channels.actions)
+        advantages = self.actor.compute_advantages_and_returns()
+        trained = self.actor.run_training(step)
+        received = self.actor.recv_rollout_batch(channels.trajectories)
+        episodes, served = wait_all(interacted, generated)  # the rollout never waits for the actor: safe apart
+        self.generation_window = (start, self.timer.now())
+        self.timer.add("generate_rollouts", *self.generation_window)
+        _, train_stats, _ = wait_all(advantages, trained, received)
+        self.training_window = (start, self.timer.now())
+        return episodes, sum(served), train_stats[0]
 
     def compute_advantages_and_returns(self) -> None:
         with self.timer.phase("advantages"):
@@ -187,6 +240,11 @@ class EmbodiedRunner:
         metrics["time/env"] = self.timeline.busy_seconds("env", t0, t1)
         metrics["time/rollout"] = self.timeline.busy_seconds("rollout", t0, t1)
         metrics["time/generation_efficiency"] = self.generation_efficiency()
+        if self.training_window is not None:
+            metrics["time/training"] = self.timeline.busy_seconds("actor", *self.training_window)
+            self.training_window = None
+        if self.cfg.runner.max_staleness:
+            metrics["time/overlap"] = self.timeline.overlap("actor", ("env", "rollout"), t0, t1)
         metrics.update(throughput_metrics(metrics["time/step"], self.placement.num_devices, env_steps=env_steps))
         metrics.update(self.timeline.utilization(t0, t1))
         metrics.update(train)

@@ -12,11 +12,16 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+PER_ENV = ("env_indices", "versions", "last_value", "last_done")
+"""The fields with one entry per env column ([n]); the others are [T, n, ...]."""
+
 
 @dataclass
 class Trajectory:
     env_indices: Tensor
     """Global env index of each column, int64 [n]."""
+    versions: Tensor
+    """The policy version (updates the weights had) that chose each column's actions, int64 [n]."""
     obs: Tensor
     """Observation the action was chosen from, [T, n, obs_dim]."""
     actions: Tensor
@@ -35,11 +40,15 @@ class Trajectory:
     """Whether that observation starts a new episode, [n]."""
 
     @staticmethod
-    def allocate(num_steps: int, env_indices: Tensor, obs_dim: int, action_shape: tuple[int, ...]) -> Trajectory:
-        """Pre-allocated buffers for `num_steps` steps of the given envs, filled in place by the rollout."""
+    def allocate(
+        num_steps: int, env_indices: Tensor, obs_dim: int, action_shape: tuple[int, ...], version: int
+    ) -> Trajectory:
+        """Pre-allocated buffers for `num_steps` steps of the given envs acted on with weights `version`, filled in
+        place by the rollout."""
         n = len(env_indices)
         return Trajectory(
             env_indices=env_indices.clone(),
+            versions=torch.full((n,), version, dtype=torch.int64),
             obs=torch.zeros(num_steps, n, obs_dim),
             actions=torch.zeros((num_steps, n, *action_shape)),
             logprobs=torch.zeros(num_steps, n),
@@ -56,7 +65,7 @@ class Trajectory:
         order = torch.argsort(torch.cat([p.env_indices for p in parts]))
         merged = {}
         for f in fields(Trajectory):
-            per_env_axis = 0 if f.name in ("env_indices", "last_value", "last_done") else 1
+            per_env_axis = 0 if f.name in PER_ENV else 1
             merged[f.name] = torch.cat([getattr(p, f.name) for p in parts], dim=per_env_axis).index_select(
                 per_env_axis, order
             )
@@ -67,7 +76,5 @@ class Trajectory:
         picked = {}
         for f in fields(Trajectory):
             value = getattr(self, f.name)
-            picked[f.name] = (
-                value[start:end] if f.name in ("env_indices", "last_value", "last_done") else value[:, start:end]
-            )
+            picked[f.name] = value[start:end] if f.name in PER_ENV else value[:, start:end]
         return Trajectory(**picked)

@@ -21,7 +21,7 @@ from .logger import (
 from .progress import TrainingProgress
 from .throughput import per_device, throughput, throughput_metrics
 from .timeline import HOST_PID, Span, Timeline
-from .timers import PhaseTimer
+from .timers import PhaseTimer, process_uptime_s
 
 __all__ = [
     "BACKENDS",
@@ -37,6 +37,7 @@ __all__ = [
     "WandbLogger",
     "build_logger",
     "per_device",
+    "process_uptime_s",
     "read_jsonl",
     "summarize",
     "throughput",

@@ -101,8 +101,11 @@ class WandbLogger:
 
     `WANDB_MODE` in the environment overrides `mode`, so CI or a laptop can force offline without touching the
     config. Offline mode never touches the network; the run folder lands in `<dir>/wandb/offline-run-*`.
-    Console capture is off (Hydra already logs to the run folder, and capture fights the rich progress bar) and
-    `silent` keeps wandb's banner out of the training log.
+    The run's console while the wandb run is open (log lines, the progress bar, and what Ray forwards from the
+    workers) goes into its `files/output.log`: console capture "wrap" patches the `write` of sys.stdout and
+    sys.stderr, which Hydra's log handler and Ray's log forwarding also write through. "redirect" would instead hand
+    the process a pseudo-terminal, and rich would then draw its live bar into pipes and log files. `silent` keeps
+    wandb's banner out of the training log.
     """
 
     def __init__(
@@ -134,7 +137,7 @@ class WandbLogger:
             id=run_id,
             resume="allow" if run_id else None,  # a resumed run continues its wandb run
             reinit="finish_previous",  # a crashed earlier job in the same process (Hydra multirun) is closed
-            settings=wandb.Settings(silent=True, console="off"),
+            settings=wandb.Settings(silent=True, console="wrap"),
         )
         self._closed = False
 

@@ -157,12 +157,15 @@ class Timeline:
         _check_window(t0, t1)
         return total_length(merge_intervals(self._by_group.get(group, []), t0, t1))
 
-    def overlap(self, group_a: str, group_b: str, t0: float, t1: float) -> float:
-        """Seconds of [t0, t1] during which both groups were busy (any rank of each): > 0 means they pipelined."""
+    def overlap(self, a: str | Sequence[str], b: str | Sequence[str], t0: float, t1: float) -> float:
+        """Seconds of [t0, t1] during which some rank of group(s) `a` and some rank of group(s) `b` were both busy:
+        > 0 means they pipelined (env and rollout), or that training ran beside generation (actor; env, rollout)."""
         _check_window(t0, t1)
-        a = merge_intervals(self._by_group.get(group_a, []), t0, t1)
-        b = merge_intervals(self._by_group.get(group_b, []), t0, t1)
-        return intersection_length(a, b)
+        return intersection_length(self._busy(a, t0, t1), self._busy(b, t0, t1))
+
+    def _busy(self, groups: str | Sequence[str], t0: float, t1: float) -> list[Interval]:
+        names = (groups,) if isinstance(groups, str) else groups
+        return merge_intervals((i for name in names for i in self._by_group.get(name, [])), t0, t1)
 
     def row_labels(self) -> dict[int, str]:
         """Trace row (pid) -> its name, naming who works there: "device 0: actor, env" (components in the order of

@@ -7,6 +7,7 @@ driver's phases on the same timeline as the workers' spans, so a trace shows whi
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,9 +36,16 @@ class PhaseTimer:
         try:
             yield
         finally:
-            end = self._clock()
-            self.record(name, end - start)
-            self._spans.append(Span(name=name, group=self.group, rank=self.rank, start=start, end=end))
+            self.add(name, start, self._clock())
+
+    def add(self, name: str, start: float, end: float) -> None:
+        """Record phase `name` as having run from `start` to `end` (clock times): for phases that run side by side,
+        which no single `with` block can time."""
+        self.record(name, end - start)
+        self._spans.append(Span(name=name, group=self.group, rank=self.rank, start=start, end=end))
+
+    def now(self) -> float:
+        return self._clock()
 
     def record(self, name: str, seconds: float) -> None:
         """Add time measured elsewhere (e.g. a worker-reported `env` time) to `time/<name>` for this step."""
@@ -53,3 +61,11 @@ class PhaseTimer:
         """Spans recorded since the last call, for `Timeline.extend`; clears them."""
         spans, self._spans = self._spans, []
         return spans
+
+
+def process_uptime_s() -> float:
+    """Seconds since this process started, as the OS counts them (Linux `/proc`), so that the interpreter's start and
+    the imports before any of our code runs count too."""
+    with open("/proc/self/stat") as stat:
+        start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, counted from field 3
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")

@@ -6,8 +6,9 @@ all starting from the same model folder, then the loop. The reasoning counterpar
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlplace.core import checkpoint
 from rlplace.metrics import MetricLogger
@@ -31,11 +32,23 @@ MODEL_SHAPE_KEYS = (
 """The fields of a model folder's config.json that fix the shapes of its weights."""
 
 
-def train(
-    cfg: ReasoningConfig, cluster: Cluster, run_dir: Path, logger: MetricLogger, history: list[dict[str, float]]
-) -> dict[str, float]:
-    """Find (or pretrain) the starting model, start the groups, run the loop; returns the last step's metrics plus
-    `run/*` and `eval/accuracy_{before,after}`."""
+class StartedRun(NamedTuple):
+    """A run's launched groups, the placement they run in, and the model folder they all start from (`start`)."""
+
+    model_path: Path
+    placement: HybridComponentPlacement
+    actor: WorkerGroup
+    inference: WorkerGroup
+    reward: WorkerGroup
+    rollout: WorkerGroup
+
+
+def start(cfg: ReasoningConfig, cluster: Cluster) -> StartedRun:
+    """Find (or pretrain) the starting model, then launch the groups one after another.
+
+    Not side by side, as the embodied groups start: on a GPU the vLLM rollout sizes its cache by the device memory
+    it measures while it starts, which other groups loading their models on the same device would change.
+    """
     model_path = pretrained_model_path(cfg)
     placement = HybridComponentPlacement(cfg, cluster)
 
@@ -48,20 +61,37 @@ def train(
     inference = launch(InferenceWorker, "inference", actor.world_size)
     reward = launch(RewardWorker, "reward", inference.world_size)
     rollout = launch(LLMRolloutWorker, "rollout", reward.world_size)
+    return StartedRun(model_path, placement, actor, inference, reward, rollout)
+
+
+def train(
+    cfg: ReasoningConfig,
+    run: StartedRun,
+    run_dir: Path,
+    logger: MetricLogger,
+    history: list[dict[str, float]],
+    started: float,
+) -> dict[str, float]:
+    """Run the loop on the started groups; returns the last step's metrics plus `run/*` and
+    `eval/accuracy_{before,after}`. `run/startup_s` counts from `started` (a `time.monotonic()` reading: the command's
+    start) to the loop's start."""
     runner = ReasoningRunner(
         cfg,
-        actor=actor,
-        rollout=rollout,
-        reward=reward,
-        inference=inference,
-        placement=placement,
+        actor=run.actor,
+        rollout=run.rollout,
+        reward=run.reward,
+        inference=run.inference,
+        placement=run.placement,
         run_dir=run_dir,
         logger=logger,
-        identity=checkpoint_identity(cfg, model_path),
+        identity=checkpoint_identity(cfg, run.model_path),
         history=history,
     )
     runner.init_workers()
-    return runner.run()
+    startup_s = time.monotonic() - started
+    final = runner.run()
+    final["run/startup_s"] = startup_s
+    return final
 
 
 def checkpoint_identity(cfg: ReasoningConfig, model_path: Path) -> dict[str, Any]:

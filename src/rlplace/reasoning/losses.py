@@ -5,8 +5,9 @@ Tensors are [B, T] over response tokens, right-padded, with `mask` the response 
 Padding never reaches a loss: every reduction is a masked one.
 
 With asynchronous training (runner.max_staleness > 0) the responses come from an older behaviour policy π_behav.
-`behaviour_weight` turns that into one detached importance weight per token, which `token_policy_loss` multiplies
-into the clipped surrogate it takes against the proximal policy π_prox (algorithm.off_policy_correction says how).
+`rlplace.core.off_policy.behaviour_weight` turns that into one detached importance weight per token, which
+`token_policy_loss` multiplies into the clipped surrogate it takes against the proximal policy π_prox
+(algorithm.off_policy_correction says how).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from .advantages import masked_mean
 
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean")
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
-OFF_POLICY_CORRECTIONS = ("decoupled", "truncated_is")
 
 
 def aggregate_loss(loss_mat: Tensor, mask: Tensor, agg: str) -> Tensor:
@@ -34,28 +34,6 @@ def aggregate_loss(loss_mat: Tensor, mask: Tensor, agg: str) -> Tensor:
         seq_losses = masked_mean(loss_mat, mask, dim=-1)
         return masked_mean(seq_losses, mask.sum(-1) > 0)
     raise ValueError(f"unknown agg {agg!r}: valid are {', '.join(LOSS_AGGREGATIONS)}")
-
-
-def behaviour_weight(
-    proximal_logprobs: Tensor, behaviour_logprobs: Tensor, correction: str, cap: float | None
-) -> Tensor:
-    """The detached importance weight w of each token from π_prox / π_behav, as `correction` bounds it.
-
-    "decoupled" (AReaL, Fu et al. 2025): w = π_prox / π_behav, and where a `cap` is given, tokens with w > cap get
-    w = 0 (dropped, as AReaL's behav_imp_weight_cap). "truncated_is" (Yao et al. 2025, the fix for the rollout
-    engine's log-probs differing from training's; IMPALA's and ACER's truncation): w = min(π_prox / π_behav, cap),
-    every token kept; it needs a cap. With equal log-probs w is exactly 1. The same math as the embodied
-    `behaviour_weight` (the two families share no code outside core).
-    """
-    with torch.no_grad():
-        weight = (proximal_logprobs - behaviour_logprobs).exp()
-        if correction == "decoupled":
-            return weight if cap is None else torch.where(weight > cap, torch.zeros_like(weight), weight)
-        if correction == "truncated_is":
-            if cap is None:
-                raise ValueError("truncated_is needs a cap (algorithm.behaviour_weight_cap)")
-            return torch.clamp(weight, max=cap)
-    raise ValueError(f"unknown correction {correction!r}: valid are {', '.join(OFF_POLICY_CORRECTIONS)}")
 
 
 def token_policy_loss(

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from rlplace.core.off_policy import behaviour_weight
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
 from rlplace.reasoning.models.value_model import ValueModel
 
@@ -39,7 +40,6 @@ from .advantages import (
 from .batch import SequenceBatch, response_logits
 from .losses import (
     aggregate_loss,
-    behaviour_weight,
     entropy_from_logits,
     kl_divergence,
     logprobs_from_logits,

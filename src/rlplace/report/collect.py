@@ -60,6 +60,8 @@ class JobResult:
     """What the job varied, e.g. `placement=hybrid rollout.pipeline_stage_num=2`."""
     mode: str = ""
     stages: int = 0
+    staleness: int = 0
+    """runner.max_staleness: 0 synchronous, K generation K steps ahead of training."""
     devices: int = 0
     """The run's device budget (run.json), which the per-device numbers divide by."""
     skipped: str | None = None
@@ -75,8 +77,9 @@ class JobResult:
 
     @property
     def title(self) -> str:
-        """The job as a reader names it: "hybrid, 2 stages"."""
-        return f"{self.mode}, {self.stages} stage{'s' if self.stages > 1 else ''}"
+        """The job as a reader names it: "hybrid, 2 stages", "hybrid, 2 stages, K=1"."""
+        title = f"{self.mode}, {self.stages} stage{'s' if self.stages > 1 else ''}"
+        return f"{title}, K={self.staleness}" if self.staleness else title
 
     @property
     def unit(self) -> str:
@@ -127,6 +130,7 @@ def read_job(path: Path, keys: set[str] = frozenset()) -> JobResult:
         return result
     info = json.loads((path / "run.json").read_text())
     result.mode, result.stages, result.devices = info["mode"], info.get("stages", 1), info["num_devices"]
+    result.staleness = info.get("staleness", 0)
     rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     result.warmup = WARMUP_STEPS if len(rows) > WARMUP_STEPS else 0
     kept = [row | split_generation(row) for row in rows[result.warmup :]]
@@ -147,10 +151,12 @@ def collect(multirun_dir: Path) -> list[JobResult]:
 
 
 def baseline_for(result: JobResult, results: list[JobResult]) -> JobResult | None:
-    """The collocated run to compare against: same stages if there is one, else any collocated run."""
+    """The synchronous collocated run to compare against: same stages if there is one, else any synchronous
+    collocated run, else any collocated run."""
     collocated = [r for r in results if r.mode == "collocated" and not r.skipped]
-    same = [r for r in collocated if r.stages == result.stages]
-    return (same or collocated or [None])[0]
+    synchronous = [r for r in collocated if r.staleness == 0]
+    same = [r for r in synchronous if r.stages == result.stages]
+    return (same or synchronous or collocated or [None])[0]
 
 
 def speedup(result: JobResult, results: list[JobResult]) -> float:

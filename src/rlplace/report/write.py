@@ -48,6 +48,7 @@ def columns(results: list[JobResult]) -> list[Column]:
         ("job", lambda r: r.job),
         ("mode", lambda r: r.mode),
         ("stages", lambda r: str(r.stages)),
+        ("K", lambda r: str(r.staleness)),
         ("devices", lambda r: str(r.devices)),
         ("n", _n),
         (f"{unit}/s", lambda r: f"{r.median_throughput:.0f}"),
@@ -60,6 +61,7 @@ def columns(results: list[JobResult]) -> list[Column]:
         *[(f"{key.removeprefix('time/')} s", _seconds(key)) for key in stages],
         ("wait s", _seconds(HANDOFF_WAIT)),
         ("train s", _seconds("time/training")),
+        ("overlap s", _seconds("time/overlap")),
     ]
 
 
@@ -116,9 +118,11 @@ def write_report(multirun_dir: Path, console: Console | None = None) -> Path:
         "",
         f"Medians over the *n* steps measured after {WARMUP_STEPS} warm-up steps (*: a run too short to leave them "
         "out, measured over all its steps); *spread* is min-max over those steps; *ideal* is the throughput if the "
-        "generation stages overlapped perfectly (generation costing only the busiest stage); *vs collocated* "
-        "compares with the collocated run of the same pipeline stages; *per device* divides by every device the "
-        "run holds, busy or idle; *wait* is the hand-off wait: generation time the busiest stage does not cover.",
+        "generation stages overlapped perfectly (generation costing only the busiest stage); *K* is "
+        "runner.max_staleness (0: synchronous; K: generation runs K steps ahead of training); *vs collocated* "
+        "compares with the synchronous collocated run of the same pipeline stages; *per device* divides by every "
+        "device the run holds, busy or idle; *wait* is the hand-off wait: generation time the busiest stage does not "
+        "cover; *overlap* is training time that ran beside generation.",
         "",
         markdown_table(headers, body),
         "",

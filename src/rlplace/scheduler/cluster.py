@@ -40,8 +40,9 @@ if TYPE_CHECKING:  # for the annotation only: rlplace.core imports the scheduler
     from rlplace.core.config import ClusterConfig
     from rlplace.placement.placement import Placement
 
-RAY_EXIT_S = 5.0
-"""How long Ray's own processes get to exit after `ray.shutdown()` before they are killed."""
+REAP_S = 5.0
+"""How long `shutdown` waits for the killed leftovers of an embedded Ray to disappear (a process blocked in a system
+call dies only when the call returns)."""
 
 
 class Cluster:
@@ -230,7 +231,7 @@ class Cluster:
 
     def shutdown(self) -> None:
         """Terminate every worker group (gracefully, then by force), then disconnect from Ray, stopping it if it
-        was started here and killing any of its processes still alive after `RAY_EXIT_S`. Idempotent."""
+        was started here and killing any of its processes still alive then. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -243,12 +244,7 @@ class Cluster:
                 self._reservation.release()
         finally:
             if self._owns_connection:
-                leftovers = _ray_processes() if self._started_ray else []
-                session = _session_dir() if self._started_ray else None
-                ray.shutdown()
-                _kill_survivors(leftovers, RAY_EXIT_S)
-                if session is not None:
-                    _remove_session(session)
+                _disconnect(stop=self._started_ray)
 
     def __enter__(self) -> Cluster:
         return self
@@ -397,6 +393,30 @@ def _on_node(function: Any, node_id: str) -> ray.ObjectRef:
     return task.remote()
 
 
+def _disconnect(stop: bool) -> None:
+    """`ray.shutdown()`; when this process started Ray (`stop`), none of its processes is left afterwards, nor its
+    session folder."""
+    if not stop:
+        ray.shutdown()
+        return
+    leftovers = _ray_processes()
+    session = _session_dir()
+    _kill_monitor()
+    ray.shutdown()
+    _kill(leftovers)
+    if session is not None:
+        _remove_session(session)
+
+
+def _kill_monitor() -> None:
+    """Kill the autoscaler monitor of the Ray started here before `ray.shutdown()` stops the rest. Ray stops its GCS
+    first, and the monitor then spends a second reporting its own termination to the gone GCS until Ray kills it;
+    a single-node Ray has nothing for it to scale or clean up."""
+    node = ray._private.worker.global_worker.node
+    if node is not None:
+        node.kill_monitor(check_alive=False)
+
+
 def _ray_processes() -> list[Any]:
     """The Ray processes this process started (GCS, raylet, agents) and their children (the workers)."""
     import psutil  # Ray vendors psutil in ray/thirdparty_files, which `import ray` puts on sys.path
@@ -427,13 +447,34 @@ def _remove_session(session: str) -> None:
         os.unlink(latest)
 
 
-def _kill_survivors(processes: list[Any], timeout: float) -> None:
-    """Wait up to `timeout` for `processes` (psutil.Process) to exit, then kill the rest."""
+def _kill(processes: list[Any]) -> None:
+    """Kill at once those of `processes` (psutil.Process) still alive after `ray.shutdown()`, and wait until they
+    are dead.
+
+    `ray.shutdown()` has given Ray's own processes their graceful exit already. What outlives it are worker
+    processes whose actors were terminated and killed through Ray, and their children: such a worker has nothing
+    left to do but tear down its interpreter, which can take seconds with torch loaded on a busy machine, and Ray's
+    kill does not interrupt that once the actor exited gracefully. No grace period is left to wait for.
+    """
     import psutil
 
-    _, alive = psutil.wait_procs(processes, timeout=timeout)
-    for process in alive:
+    for process in processes:
         try:
             process.kill()
         except psutil.NoSuchProcess:
             continue
+    deadline = time.monotonic() + REAP_S
+    while any(_alive(process) for process in processes) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _alive(process: Any) -> bool:
+    """Whether a psutil.Process still runs. A zombie does not: it is dead and waits only for its parent (often the
+    init process, once Ray's raylet is gone) to collect its exit status, which some init processes do every second
+    or so."""
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -4,7 +4,9 @@
 calls a subset. Names are resolved in `__getattr__` against the worker class's public methods, so a typo fails at the
 call site with the list of valid methods rather than inside a remote process. Launching checks the placements against
 the cluster before any actor starts, then schedules one Ray actor per rank into the cluster's reservation of its
-device, asking for the rank's share of that device (`Cluster.worker_options`).
+device, asking for the rank's share of that device (`Cluster.worker_options`). `launch` starts one group and waits
+for it; a run with several groups `start`s them all and then `wait_started` waits for all at once, so that their
+processes start side by side.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ray.actor import ActorClass, ActorHandle
 from rlplace.placement.placement import Placement
 from rlplace.placement.strategies import PlacementStrategy
 from rlplace.scheduler.context import WorkerContext, worker_env
-from rlplace.scheduler.future import GroupFuture
+from rlplace.scheduler.future import GroupFuture, wait_all
 
 if TYPE_CHECKING:
     from rlplace.scheduler.cluster import Cluster
@@ -67,6 +69,17 @@ class WorkerGroupSpec:
         Raises ValueError for placements the cluster cannot hold or a name already in use (before any actor
         starts), and WorkerError when a rank's `__init__` fails (the group is then torn down).
         """
+        return wait_started(self.start(cluster, name, placement_strategy))[0]
+
+    def start(
+        self, cluster: Cluster, name: str, placement_strategy: PlacementStrategy | Sequence[Placement]
+    ) -> StartingGroup:
+        """Start one actor per placement and return without waiting for their `__init__`; `wait_started` waits.
+
+        Starting every group of a run first and then waiting for all of them lets their processes start, import
+        torch and build their models in parallel, instead of one group after another. Raises ValueError like
+        `launch`, before any actor of this group starts.
+        """
         placements = _resolve_placements(placement_strategy, cluster, name)
         methods = public_methods(self.worker_cls)
         shadowed = sorted(methods & _GROUP_ATTRIBUTES)
@@ -97,13 +110,31 @@ class WorkerGroupSpec:
         group = WorkerGroup(name, self.worker_cls, placements, workers, methods, cluster.call_timeout_s)
         cluster.add_group(group)
         ready = [worker.__ray_ready__.remote() for worker in workers]
-        try:
-            deadline = None if cluster.call_timeout_s is None else max(cluster.call_timeout_s, LAUNCH_DEADLINE_MIN_S)
-            GroupFuture(name, "__init__", range(len(workers)), ready, deadline).wait()
-        except BaseException:
-            group.terminate()
-            raise
-        return group
+        deadline = None if cluster.call_timeout_s is None else max(cluster.call_timeout_s, LAUNCH_DEADLINE_MIN_S)
+        return StartingGroup(group, GroupFuture(name, "__init__", range(len(workers)), ready, deadline))
+
+
+@dataclass(frozen=True)
+class StartingGroup:
+    """A group whose ranks are starting (`WorkerGroupSpec.start`): the group, and the future of every rank's
+    `__init__`."""
+
+    group: WorkerGroup
+    init: GroupFuture
+
+
+def wait_started(*starting: StartingGroup) -> list[WorkerGroup]:
+    """Wait until every rank of every group has finished its `__init__`; returns the groups in the order given.
+
+    Raises WorkerError for the first `__init__` found failed and WorkerTimeout after the launch deadline; then,
+    and on Ctrl-C, every one of these groups is torn down, so a failed launch leaves none of them running.
+    """
+    try:
+        wait_all(*(s.init for s in starting))
+    except BaseException:
+        terminate_groups([s.group for s in starting])
+        raise
+    return [s.group for s in starting]
 
 
 class WorkerGroup:

@@ -7,6 +7,7 @@ identically on every rank, so ranks step in lockstep. Rank 0 owns weight sync an
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -19,10 +20,13 @@ from rlplace.embodied.advantages import compute_advantages
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.ppo import ppo_update
-from rlplace.embodied.streams import actor_pieces, all_streams
+from rlplace.embodied.ppo import ppo_update, proximal_logprobs
+from rlplace.embodied.streams import actor_pieces, actor_shard, all_streams
 from rlplace.embodied.trajectory import Trajectory
 from rlplace.scheduler import Channel, Worker, timer
+
+PENDING_DIR = "pending"
+"""The checkpoint's subfolder of batches generated but not yet trained on, one file per actor rank."""
 
 
 class ActorWorker(Worker):
@@ -43,6 +47,8 @@ class ActorWorker(Worker):
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
         self.version = 0
         """Weight version: the number of PPO updates these weights have had."""
+        self.pending: deque[Trajectory] = deque()
+        """Batches received and not yet trained on, oldest first: with runner.max_staleness = K, up to K steps'."""
         self.batch: Trajectory | None = None
         self.advantages: torch.Tensor | None = None
         self.returns: torch.Tensor | None = None
@@ -58,18 +64,21 @@ class ActorWorker(Worker):
         return self.version
 
     def recv_rollout_batch(self, trajectory_channel: Channel) -> int:
-        """Collect the pieces of trajectory of this rank's env columns from `trajectory_channel`.
+        """Collect one step's pieces of trajectory of this rank's env columns from `trajectory_channel`, queued
+        behind the batches not trained on yet.
 
         Not timed as a whole: it mostly waits for the rollout, and the timeline should show the actor idle then.
         """
         parts = [trajectory_channel.get(key=f"actor{self.rank}") for _ in range(self.num_pieces)]
         with self.span("recv_rollout_batch"):
-            self.batch = Trajectory.merge(parts)
-        return int(self.batch.rewards.numel())
+            self.pending.append(Trajectory.merge(parts))
+        return int(self.pending[-1].rewards.numel())
 
     @timer("advantages")
     def compute_advantages_and_returns(self) -> None:
-        assert self.batch is not None, "recv_rollout_batch must run first"
+        """Take the oldest batch received; its advantages and returns."""
+        assert self.pending, "recv_rollout_batch must run first"
+        self.batch = self.pending.popleft()
         self.advantages, self.returns = compute_advantages(self.batch, self.cfg.algorithm)
 
     @timer("training")
@@ -89,10 +98,13 @@ class ActorWorker(Worker):
             "returns": self.returns.flatten(),
         }
         flat = {k: v.to(self.device) for k, v in flat.items()}
+        if self.cfg.runner.max_staleness:  # the batch came from an older policy: correct for it
+            flat["prox_logprobs"] = proximal_logprobs(self.model, flat["obs"], flat["actions"])
         allreduce = self._average_grads if self.world_size > 1 else None
         stats = ppo_update(self.model, self.optimizer, flat, alg, self.generator, allreduce)
         self.version += 1
         stats["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        stats["async/staleness"] = float(step - batch.versions.float().mean())
         return stats
 
     def _average_grads(self, grads: list[torch.Tensor]) -> None:
@@ -107,7 +119,11 @@ class ActorWorker(Worker):
         return move(self.model, self.optimizer, self.device).bytes
 
     def save_checkpoint(self, folder: str) -> None:
-        """Rank 0 writes weights, optimizer, and RNG states (all ranks hold the same ones)."""
+        """Rank 0 writes weights, optimizer, and RNG states (all ranks hold the same ones); every rank writes the
+        batches it has not trained on yet (asynchronous training), its columns of them, to `pending/<rank>.pt`."""
+        if self.pending:
+            (Path(folder) / PENDING_DIR).mkdir(exist_ok=True)
+            torch.save(list(self.pending), Path(folder) / PENDING_DIR / f"{self.rank}.pt")
         if self.rank != 0:
             return
         state = {
@@ -120,9 +136,13 @@ class ActorWorker(Worker):
         torch.save(state, Path(folder) / "actor.pt")
 
     def load_checkpoint(self, folder: str) -> None:
+        """Take back the state, and this rank's columns of the pending batches, whichever ranks wrote them."""
         state = torch.load(Path(folder) / "actor.pt", map_location=self.device, weights_only=False)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         set_rng_states(state["rng"])
         self.version = state["version"]
+        written = [torch.load(path, weights_only=False) for path in sorted((Path(folder) / PENDING_DIR).glob("*.pt"))]
+        shard = actor_shard(self.cfg.task.total_num_envs, self.rank, self.world_size)
+        self.pending = deque(Trajectory.merge(list(parts)).columns(*shard) for parts in zip(*written, strict=True))

@@ -56,7 +56,7 @@ class RolloutWorker(Worker):
             )
         num_steps = self.cfg.rollout.num_steps
         buffers = [
-            Trajectory.allocate(num_steps, torch.arange(s.start, s.end), self.obs_dim, self.action_shape)
+            Trajectory.allocate(num_steps, torch.arange(s.start, s.end), self.obs_dim, self.action_shape, version)
             for s in self.streams
         ]
         for t in range(num_steps + 1):
