@@ -55,6 +55,17 @@ def fake_job(job_dir: Path, mode: str, rates: list[float], stages: int = 2) -> P
     return job_dir
 
 
+def test_an_asynchronous_job_leaves_out_its_last_steps_which_generate_nothing(tmp_path: Path) -> None:
+    job_dir = fake_job(tmp_path / "0", "hybrid", [1.0, 1.0, 1250, 1300, 1350, 0.0])
+    info = json.loads((job_dir / "run.json").read_text()) | {"staleness": 1}
+    (job_dir / "run.json").write_text(json.dumps(info))
+    rows = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    del rows[-1]["time/generate_rollouts"]  # K = 1: the last step only trains
+    (job_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    job = read_job(job_dir)
+    assert (job.n, job.median_throughput, job.title) == (3, 1300, "hybrid, 2 stages, K=1")
+
+
 def test_a_job_is_measured_after_warm_up_with_its_hand_off_wait(tmp_path: Path) -> None:
     job = read_job(fake_job(tmp_path / "0", "hybrid", [1.0, 1.0, 1250, 1300, 1350, 1300, 1280]))
     assert (job.n, job.warmup, min(job.throughput), job.median_throughput) == (5, 2, 1250, 1300)

@@ -169,8 +169,7 @@ class EmbodiedRunner:
         with self.timer.phase("step"):
             self.switcher.before("sync_weights")
             self.update_rollout_weights()
-            first = [step] if k == 0 else list(range(min(k, self.cfg.runner.max_steps))) if step == 0 else []
-            for generated in first:  # synchronous, or the batches of the first K steps
+            for generated in self.generated_before_training(step):
                 self.switcher.before("generate_rollouts")
                 found, served = self.generate_rollouts(generated, step, channels)
                 episodes, env_steps = episodes + found, env_steps + served
@@ -187,6 +186,14 @@ class EmbodiedRunner:
             if ahead is not None:
                 episodes, env_steps = episodes + found, env_steps + served
         return self.record(t0, episodes, env_steps, train_stats)
+
+    def generated_before_training(self, step: int) -> list[int]:
+        """The steps whose rollouts are generated before the actor trains on `step`: that step when synchronous,
+        the first K steps at step 0 of a run with K > 0 (all with the initial weights), else none."""
+        k = self.cfg.runner.max_staleness
+        if k == 0:
+            return [step]
+        return list(range(min(k, self.cfg.runner.max_steps))) if step == 0 else []
 
     def update_rollout_weights(self) -> None:
         with self.timer.phase("sync_weights"):

@@ -3,7 +3,6 @@ recommendation at the end."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,7 +34,8 @@ def _spread(result: JobResult) -> str:
 
 
 def _seconds(key: str) -> Callable[[JobResult], str]:
-    return lambda r: f"{r.medians.get(key, math.nan):.3f}"
+    """A median in seconds, or "-" for a metric the job does not log (time/overlap of a synchronous run)."""
+    return lambda r: f"{r.medians[key]:.3f}" if key in r.medians else "-"
 
 
 def columns(results: list[JobResult]) -> list[Column]:
