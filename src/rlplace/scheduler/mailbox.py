@@ -127,8 +127,9 @@ class Mailbox:
         self.lock = threading.RLock()
         self.selector = selectors.DefaultSelector()
         token = secrets.token_bytes(16)
+        unix_name = f"\0rlplace-{os.getpid()}-{secrets.token_hex(8)}"  # "\0": the abstract namespace, no file
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        unix.bind(f"\0rlplace-{os.getpid()}-{secrets.token_hex(8)}")
+        unix.bind(unix_name)
         host = ray.util.get_node_ip_address()
         tcp = socket.create_server((host, 0), backlog=64)
         for listener in (unix, tcp):
@@ -137,7 +138,7 @@ class Mailbox:
             self.selector.register(listener, selectors.EVENT_READ, None)
         self.address = Address(
             node_id=ray.get_runtime_context().get_node_id(),
-            unix=unix.getsockname(),
+            unix=unix_name,
             host=host,
             port=tcp.getsockname()[1],
             token=token,
