@@ -13,7 +13,7 @@ import ray
 import torch
 
 from rlplace.placement.placement import Placement
-from rlplace.scheduler import Channel, ChannelError, ChannelTimeout, Cluster, Worker, WorkerError, WorkerGroup
+from rlplace.scheduler import Channel, ChannelError, ChannelTimeout, Cluster, Worker, WorkerError, WorkerGroup, wait_all
 from tests.scheduler.helpers import on_devices
 
 
@@ -31,6 +31,10 @@ class Producer(Worker):
         with pytest.raises(ChannelTimeout):
             channel.get(key=key, timeout=0.05)
 
+    def put_then_die(self, channel: Channel, key: int) -> None:
+        channel.put(1.0, key=key, timeout=30)
+        os._exit(1)
+
     def die(self) -> None:
         os._exit(1)
 
@@ -46,6 +50,9 @@ class Consumer(Worker):
             return channel.get(key=self.rank, timeout=timeout)
         except ChannelTimeout:
             return None
+
+    def take_two(self, channel: Channel) -> list[float]:
+        return [channel.get(key=self.rank, timeout=30) for _ in range(2)]
 
     def echo(self, inbox: Channel, outbox: Channel, count: int) -> None:
         """Answer each item of this rank's key of `inbox` with the same item on `outbox`: a ping-pong's far end."""
@@ -177,3 +184,13 @@ def test_a_dead_peer_is_named_by_the_waiting_reader_and_the_writer(cluster: Clus
     with pytest.raises(ChannelError, match=r"channel 'orphan' key 1: its reader, doomed rank 0 \(pid \d+\), is gone"):
         channel.put("too late", key=1, timeout=30)
     assert time.monotonic() - start < 5
+
+
+def test_the_dead_peer_is_named_rather_than_the_channel_error_it_causes(cluster: Cluster) -> None:
+    """The reader fails at once ("its writer is gone"); the driver names the root cause, the writer's death."""
+    reader = Consumer.create_group().launch(cluster, name="reader", placement_strategy=on_devices((0,)))
+    writer = Producer.create_group().launch(cluster, name="writer", placement_strategy=on_devices((1,)))
+    channel = Channel.create("cause")
+    with pytest.raises(WorkerError, match=r"group 'writer' rank 0: put_then_die\(\) failed: the worker process died"):
+        wait_all(reader.take_two(channel), writer.put_then_die(channel, 0))
+    reader.terminate()

@@ -24,7 +24,7 @@ MODES = ("exit", "error", "interrupt")
 
 @pytest.fixture(scope="module")
 def drivers(no_ray: None) -> Iterator[dict[str, subprocess.Popen[str]]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
     script = str(Path(__file__).with_name("driver_script.py"))
     running = {
         mode: subprocess.Popen(
@@ -61,7 +61,12 @@ def test_driver_end_leaves_no_ray_process(drivers: dict[str, subprocess.Popen[st
     if mode == "interrupt":
         time.sleep(0.5)  # let it block in wait()
         driver.send_signal(signal.SIGINT)
-    _, stderr = driver.communicate(timeout=60)
+    try:
+        _, stderr = driver.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        driver.send_signal(signal.SIGABRT)  # with faulthandler on (as `make test` runs), its stacks go to stderr
+        _, stderr = driver.communicate(timeout=30)
+        pytest.fail(f"the {mode} driver did not end within 60 s; its stacks:\n{stderr[-6000:]}")
     expected = {"exit": "", "error": "RuntimeError: the driver failed", "interrupt": "KeyboardInterrupt"}[mode]
     assert expected in stderr
     assert (driver.returncode == 0) == (mode == "exit"), stderr

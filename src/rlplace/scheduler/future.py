@@ -15,10 +15,13 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from rlplace.scheduler.errors import WorkerError, WorkerTimeout
+from rlplace.scheduler.errors import ChannelError, WorkerError, WorkerTimeout
 
 _POLL_S = 0.5
 """Longest single `ray.wait`, so a waiting driver still reacts to Ctrl-C promptly."""
+PEER_DEATH_GRACE_S = 5.0
+"""How long a call that failed because its channel peer is gone waits for the peer's own call to report the death,
+which is the error to name (Ray notices a dead actor within about a second)."""
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -93,13 +96,27 @@ def wait_all(*futures: GroupFuture, timeout: float | None = None) -> list[list[A
     while True:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         _collect(futures, timeout=_POLL_S if remaining is None else min(_POLL_S, remaining))
-        for future in futures:
-            if future._error is not None:
-                raise future._error
+        failed = next((future._error for future in futures if future._error is not None), None)
+        if failed is not None:
+            raise _root_cause(futures, failed)
         if all(len(future._results) == len(future.refs) for future in futures):
             return [[future._results[i] for i in range(len(future.refs))] for future in futures]
         if remaining == 0.0:
             raise next(future for future in futures if not future.done())._timeout(timeout, reason)
+
+
+def _root_cause(futures: Sequence[GroupFuture], error: WorkerError) -> WorkerError:
+    """`error`, unless it is a symptom: a worker whose channel peer is gone failed because that peer died, so wait
+    up to `PEER_DEATH_GRACE_S` for one of the calls to report a dead process, and name that one."""
+    if not isinstance(error.cause, ChannelError):
+        return error
+    deadline = time.monotonic() + PEER_DEATH_GRACE_S
+    while True:
+        dead = [f._error for f in futures if f._error is not None and f._error.cause is None]
+        pending = any(f._error is None and len(f._results) < len(f.refs) for f in futures)
+        if dead or not pending or time.monotonic() > deadline:
+            return next((d for d in dead if not isinstance(d, WorkerTimeout)), error)
+        _collect(futures, timeout=0.1)
 
 
 def _collect(futures: Sequence[GroupFuture], timeout: float) -> None:
