@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -25,6 +26,10 @@ class Sleeper(Worker):
 
 def main(mode: str) -> None:
     import psutil  # vendored by Ray, importable once ray is
+
+    # Ctrl-C raises KeyboardInterrupt as in a terminal, also when this process inherited SIGINT ignored (started by a
+    # shell in the background, as CI scripts may be; Python then installs no handler of its own).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     with Cluster(ClusterConfig()) as cluster:
         group = Sleeper.create_group().launch(cluster, name="sleepers", placement_strategy=on_devices((0,)))
