@@ -44,15 +44,16 @@ log = logging.getLogger(__name__)
 
 
 class Channels(NamedTuple):
-    """The queues of generation. Each env stream has at most one message in flight each way, so a small bound on
-    observations and actions is plenty and catches a runaway producer; trajectories wait for the actor unbounded."""
+    """The queues of generation. Each env stream has at most two observations in flight (the last of a step and the
+    first of the next, sent together) and one action, so a bound of 2 is plenty and catches a runaway producer;
+    trajectories wait for the actor unbounded."""
 
     obs: Channel
     """env -> rollout: (observation, reward, done) per stream."""
     actions: Channel
     """rollout -> env: actions per stream."""
     trajectories: Channel
-    """rollout -> actor: one `Trajectory` per stream and actor rank."""
+    """rollout -> actor: one `Trajectory` piece per stream and actor rank whose shard it overlaps."""
 
 
 class EmbodiedRunner:
@@ -203,13 +204,15 @@ class EmbodiedRunner:
         """Env, rollout and actor together: the rollouts of `step`, acted on with weights `version`; observations
         and actions through two channels, stage by stage, and trajectories into the actor. Returns the finished
         episodes and the env steps taken."""
-        start = time.time()
-        with self.timer.phase("generate_rollouts"):
-            # The rollout first: its call is the one the step waits for (the env's first observations are queued).
-            generated = self.rollout.generate(step, version, channels.obs, channels.actions, channels.trajectories)
-            interacted = self.env.interact(self.cfg.rollout.num_steps, channels.obs, channels.actions)
+        start = self.timer.now()
+        # The rollout first: its call is the one the step waits for (the env's first observations are queued).
+        generated = self.rollout.generate(step, version, channels.obs, channels.actions, channels.trajectories)
+        interacted = self.env.interact(self.cfg.rollout.num_steps, channels.obs, channels.actions)
+        try:
             episodes, served, _ = wait_all(interacted, generated, self.actor.recv_rollout_batch(channels.trajectories))
-        self.generation_window = (start, time.time())
+        finally:
+            self.generation_window = (start, self.timer.now())
+            self.timer.add("generate_rollouts", *self.generation_window)
         return episodes, sum(served)
 
     def generate_while_training(

@@ -30,7 +30,7 @@ from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlplace.scheduler.errors import ChannelError, ChannelTimeout
-from rlplace.scheduler.mailbox import Address, mailbox
+from rlplace.scheduler.mailbox import Address, Mailbox, mailbox
 
 
 class _Backlog:
@@ -151,14 +151,15 @@ class Channel:
         The first `get` on a key makes this process its reader; another process's `get` on it is a ChannelError."""
         box, queue = mailbox(), (self._id, key)
         with box.lock:
-            self._register(key)
+            self._register(box, key)
             received, item = box.receive(queue, self.maxsize, _deadline(timeout), self._where(key))
         if not received:
             raise ChannelTimeout(self.name, key, "get", timeout)
         return item
 
-    def _register(self, key: Hashable) -> None:
-        box, queue = mailbox(), (self._id, key)
+    def _register(self, box: Mailbox, key: Hashable) -> None:
+        """Make this process the reader of `key` on its first `get`, taking in what the registry held meanwhile."""
+        queue = (self._id, key)
         if box.readers.get(queue) == box.address:
             return
         answer = ray.get(self._registry.register.remote(key, box.address))
