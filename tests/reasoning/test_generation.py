@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from rlplace.reasoning.generation import make_engine, sequence_seed
+from rlplace.reasoning.generation.hf import HFEngine
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
 
 EOS = 2
@@ -66,6 +67,12 @@ def hf(models):
     return make_engine("hf", str(models.sums), "cpu")
 
 
+@pytest.fixture(scope="module")
+def hf_static(models):
+    """The static-cache decoder without graph capture: the kernels a CUDA graph would replay, run eagerly."""
+    return HFEngine(str(models.sums), torch.device("cpu"), decoding="static")
+
+
 @dataclass(frozen=True)
 class BuiltVLLM:
     engine: object
@@ -89,10 +96,10 @@ def vllm(vllm_built):
     return vllm_built.engine
 
 
-@pytest.fixture(params=["hf", pytest.param("vllm", marks=pytest.mark.slow)])
-def engine(request, hf):
+@pytest.fixture(params=["hf", "hf_static", pytest.param("vllm", marks=pytest.mark.slow)])
+def engine(request):
     """Each backend in turn; the vllm one only asks for vllm when its turn comes (hf runs without vllm)."""
-    return request.getfixturevalue("vllm") if request.param == "vllm" else hf
+    return request.getfixturevalue(request.param)
 
 
 def _greedy(engine, prompts: list[list[int]], max_new_tokens: int = 8) -> list[list[int]]:
@@ -110,6 +117,43 @@ def test_hf_and_vllm_greedy_tokens_match(models, hf, vllm):
     expected = _greedy(hf, models.prompts)
     assert len({tuple(r) for r in expected}) >= 12, "outputs too uniform to tell the engines apart"
     assert _greedy(vllm, models.prompts) == expected
+
+
+def test_static_cache_decodes_the_same_tokens_as_the_dynamic_one(models, hf, hf_static):
+    """Greedy and sampled, over batches whose rows and widths fall in different (rows, cache length) buckets."""
+    expected = _greedy(hf, models.prompts)
+    assert len({tuple(r) for r in expected}) >= 12, "outputs too uniform to tell the decoders apart"
+    assert _greedy(hf_static, models.prompts) == expected
+    assert _greedy(hf_static, models.prompts[:3]) == expected[:3]
+    prompts, ids = [p[:-2] for p in models.prompts[:5]], list(range(5))
+    for engine_ in (hf, hf_static):
+        engine_.generate(prompts, ids, max_new_tokens=70, temperature=1.0, seed=1, ignore_eos=True)  # a 2nd bucket
+    sampled = hf.generate(prompts, ids, max_new_tokens=8, temperature=1.5, seed=2)
+    assert hf_static.generate(prompts, ids, max_new_tokens=8, temperature=1.5, seed=2) == sampled
+    assert {(16, 64), (4, 64), (8, 128)} <= set(hf_static._static)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("compile_step", [False, True])
+def test_cuda_graphs_decode_the_same_tokens_as_eager_and_follow_weight_updates(models, compile_step):
+    """The fast path on a GPU: greedy and sampled tokens equal eager decoding's; weights loaded in place reach the
+    captured graphs; after sleep and wake-up the graphs are captured again."""
+    eager = HFEngine(str(models.sums), torch.device("cuda"), decoding="dynamic")
+    graphs = make_engine("hf", str(models.sums), "cuda", compile_step=compile_step)
+    assert graphs.decoding == "cuda_graph"
+    prompts, ids = [p[:-2] for p in models.prompts], list(range(16))
+    expected = _greedy(eager, models.prompts)
+    assert _greedy(graphs, models.prompts) == expected
+    sampled = eager.generate(prompts, ids, max_new_tokens=8, temperature=1.5, seed=2)
+    assert graphs.generate(prompts, ids, max_new_tokens=8, temperature=1.5, seed=2) == sampled
+    differences = load_causal_lm(models.differences).state_dict()
+    graphs.load_weights(differences)
+    eager.load_weights(differences)
+    assert _greedy(graphs, models.prompts) == _greedy(eager, models.prompts) != expected
+    graphs.sleep()
+    graphs.wake_up()
+    assert _greedy(graphs, models.prompts) == _greedy(eager, models.prompts)
 
 
 @pytest.mark.slow

@@ -150,6 +150,12 @@ class GenerationConfig(ComponentConfig):
     """Prompts per micro-batch streamed rollout -> reward -> inference -> actor."""
     gpu_memory_utilization: float = 0.4
     """vllm on a GPU: the share of device memory the engine may take (it shares the device when collocated)."""
+    cuda_graphs: bool = True
+    """hf on a GPU: decode with a static KV cache, each step replayed as a CUDA graph (the same tokens as eager
+    decoding, without a Python round per layer per token); ignored on CPU and by vllm."""
+    compile_step: bool = False
+    """hf with cuda_graphs: `torch.compile` the decode step before capturing it (fused kernels, about 1.6x the
+    uncompiled graphs for a 0.5B model on an H100), at a compile of tens of seconds per batch-size bucket."""
 
     def __post_init__(self) -> None:
         check_choice("rollout.backend", self.backend, self.NAMES)

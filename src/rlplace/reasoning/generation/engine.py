@@ -89,18 +89,23 @@ def make_engine(
     *,
     max_model_len: int | None = None,
     gpu_memory_utilization: float = 0.4,
+    cuda_graphs: bool = True,
+    compile_step: bool = False,
 ) -> GenerationEngine:
     """The `backend` engine serving the Hugging Face folder `model_path` on `device`.
 
     `max_model_len` (prompt plus response tokens) defaults to the model's `max_position_embeddings`.
     `gpu_memory_utilization` is the share of GPU memory vLLM may take (weights and KV cache); the hf backend
-    allocates as it goes and ignores it.
+    allocates as it goes and ignores it. `cuda_graphs`: the hf backend on a CUDA device decodes with a static
+    KV cache, each step replayed as a CUDA graph (vllm captures its own graphs); `compile_step` compiles that
+    step with `torch.compile` before capturing it.
     """
     device = torch.device(device)
     if backend == "hf":
         from .hf import HFEngine
 
-        return HFEngine(model_path, device, max_model_len=max_model_len)
+        decoding = "cuda_graph" if cuda_graphs and device.type == "cuda" else "dynamic"
+        return HFEngine(model_path, device, max_model_len=max_model_len, decoding=decoding, compile_step=compile_step)
     if backend == "vllm":
         from .vllm import VLLMEngine
 

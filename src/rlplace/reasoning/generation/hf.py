@@ -1,28 +1,56 @@
-"""HFEngine: batched generation with transformers and a KV cache, sampling keyed per sequence.
+"""HFEngine: batched generation with transformers, sampling keyed per sequence.
 
 `model.generate` draws every row's sample from one random stream, so a row's tokens would depend on its batch. This
-loop instead gives each row a generator seeded by (seed, sample id) and samples by Gumbel-max (the argmax of
-logits / temperature plus Gumbel noise is a draw from the softmax), one vocabulary-sized draw per generated token.
+loop instead samples row i's token t by inverse CDF from one uniform that is a pure function of (seed, sample id,
+t) (`core.rng.uniform_noise`), so what a row generates does not depend on its batch, micro-batch or rank.
+
+Decoding is `DynamicDecoder` (transformers' growing cache) or, on a GPU, `StaticDecoder` replayed as CUDA graphs,
+one per bucket of (rows, cache length), kept until `sleep` frees the device memory they point at.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
+from rlplace.core.rng import uniform_noise
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 
-from .engine import check_lengths, eos_ids, sequence_seed
+from .decoding import Decoder, DynamicDecoder, StaticDecoder, bucket_cache_len, bucket_rows
+from .engine import check_lengths, eos_ids
+
+DECODINGS = ("dynamic", "static", "cuda_graph")
+DONE_CHECK_INTERVAL = 8
+"""Steps between checks that every row has ended: each check waits for the device, which a graph replay avoids."""
 
 
 class HFEngine:
-    def __init__(self, model_path: str, device: torch.device, *, max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        device: torch.device,
+        *,
+        max_model_len: int | None = None,
+        decoding: str = "dynamic",
+        compile_step: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if decoding not in DECODINGS:
+            raise ValueError(f"decoding {decoding!r} is unknown: choose one of {', '.join(DECODINGS)}")
+        if decoding == "cuda_graph" and device.type != "cuda":
+            raise ValueError(f"decoding 'cuda_graph' needs a CUDA device, not {device}")
         self.device = device
-        self.model = load_causal_lm(model_path, device)
+        self.decoding = decoding
+        self.model = load_causal_lm(model_path, device, dtype)
         config = self.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings
         self.eos_ids = eos_ids(config)
         self.pad_id = int(config.pad_token_id) if config.pad_token_id is not None else self.eos_ids[0]
+        self._static: dict[tuple[int, int], StaticDecoder] = {}
+        self._pool: Any = None
+        self._step_model = torch.compile(self.model) if compile_step else None
 
     @torch.inference_mode()
     def generate(
@@ -43,44 +71,39 @@ class HFEngine:
         for i, prompt in enumerate(prompts):
             input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
             mask[i, width - len(prompt) :] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        next_position = mask.sum(dim=1, keepdim=True)
-        generators = None
+        uniforms = None
         if temperature > 0:
-            generators = [
-                torch.Generator(self.device).manual_seed(sequence_seed(seed, sample_id)) for sample_id in sample_ids
-            ]
+            uniforms = uniform_noise(seed, torch.tensor(sample_ids), 0, max_new_tokens).to(self.device)
+        decoder = self._decoder(rows, width + max_new_tokens)
+        logits = decoder.prefill(input_ids.to(self.device), mask.to(self.device))
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
         eos = torch.tensor(self.eos_ids, device=self.device)
         tokens = []
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
         for step in range(max_new_tokens):
-            token = self._pick(out.logits[:, -1].float(), temperature, generators)
+            token = pick(logits, temperature, None if uniforms is None else uniforms[:, step])
             token = token.masked_fill(done, self.pad_id)
             tokens.append(token)
             if not ignore_eos:
                 done |= torch.isin(token, eos)
-            if step == max_new_tokens - 1 or bool(done.all()):
+            if step == max_new_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = self.model(
-                input_ids=token[:, None],
-                attention_mask=mask,
-                position_ids=next_position + step,
-                past_key_values=out.past_key_values,
-                use_cache=True,
-            )
+            if not ignore_eos and step % DONE_CHECK_INTERVAL == DONE_CHECK_INTERVAL - 1 and bool(done.all()):
+                break
+            logits = decoder.step(token)
         return self._responses(torch.stack(tokens, dim=1).cpu(), ignore_eos)
 
-    def _pick(self, logits: Tensor, temperature: float, generators: list[torch.Generator] | None) -> Tensor:
-        """Each row's next token: the argmax, or a Gumbel-max draw from row i's own generator."""
-        if generators is None:
-            return logits.argmax(dim=-1)
-        vocab = logits.shape[-1]
-        uniform = torch.stack([torch.rand(vocab, generator=g, device=self.device) for g in generators])
-        gumbel = -torch.log(-torch.log(uniform))
-        return (logits / temperature + gumbel).argmax(dim=-1)
+    def _decoder(self, rows: int, tokens: int) -> Decoder:
+        if self.decoding == "dynamic":
+            return DynamicDecoder(self.model)
+        key = (bucket_rows(rows), bucket_cache_len(tokens))
+        if key not in self._static:
+            capture = self.decoding == "cuda_graph"
+            if capture and self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            self._static[key] = StaticDecoder(
+                self.model, *key, capture=capture, pool=self._pool, step_model=self._step_model
+            )
+        return self._static[key]
 
     def _responses(self, tokens: Tensor, ignore_eos: bool) -> list[list[int]]:
         """Rows of the [B, T] token grid cut after their first EOS (the padding after it is not generated)."""
@@ -91,19 +114,33 @@ class HFEngine:
         return out
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy `state` into the model's parameters (strict: every name must match)."""
+        """Copy `state` into the model's parameters (strict: every name must match). In place, so captured
+        graphs, which point at the parameters, decode with the new weights."""
         self.model.load_state_dict(state, strict=True)
 
     def sleep(self) -> None:
-        """On a GPU, move the weights to host memory and release the cached blocks; no-op on CPU."""
+        """On a GPU, move the weights to host memory and release the cached blocks, the static caches and graphs
+        with them (they point at device memory that moves); no-op on CPU."""
         if self.device.type == "cuda":
+            self._static.clear()
+            self._pool = None
             self.model.to("cpu")
             torch.cuda.empty_cache()
 
     def wake_up(self) -> None:
-        """On a GPU, move the weights back; no-op on CPU."""
+        """On a GPU, move the weights back (graphs are captured again on first use); no-op on CPU."""
         if self.device.type == "cuda":
             self.model.to(self.device)
 
     def close(self) -> None:
         """Nothing to release: the model is an ordinary module, freed with the engine."""
+
+
+def pick(logits: Tensor, temperature: float, uniforms: Tensor | None) -> Tensor:
+    """Each row's next token: the argmax (temperature 0), else the inverse CDF of softmax(logits / temperature) at
+    the row's uniform. Rows are independent, so a row's token depends on its logits and uniform alone."""
+    if uniforms is None:
+        return logits.argmax(dim=-1)
+    cdf = torch.softmax(logits.float() / temperature, dim=-1).cumsum(dim=-1)
+    target = (uniforms * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=logits.shape[-1] - 1)

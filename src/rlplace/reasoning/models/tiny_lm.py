@@ -73,7 +73,10 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_causal_lm(path: str | Path, device: torch.device | str = "cpu") -> PreTrainedModel:
-    """The folder's causal LM in float32 on `device`, in eval mode (callers switch to train mode to train)."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+def load_causal_lm(
+    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> PreTrainedModel:
+    """The folder's causal LM in `dtype` (float32 unless a caller only generates) on `device`, in eval mode
+    (callers switch to train mode to train)."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return model.to(device).eval()

@@ -34,6 +34,8 @@ class LLMRolloutWorker(Worker):
             model_path,
             self.device,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            cuda_graphs=cfg.rollout.cuda_graphs,
+            compile_step=cfg.rollout.compile_step,
         )
         self.source = make_prompt_source(cfg.task)
         self.version = 0

@@ -1,0 +1,46 @@
+"""Offload and onload: a module, its gradients and its optimizer state to pinned host memory and back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlplace.core.offload import _tensors, move
+
+CPU = torch.device("cpu")
+
+
+def trained_linear(device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A small Linear with its Adam state created by one step (grads left in place)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 8).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 16, device=device)).square().sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_moving_to_the_cpu_on_a_cpu_cluster_is_a_recorded_no_op() -> None:
+    model, optimizer = trained_linear(CPU)
+    before = [(name, tensor.data_ptr()) for _, name, tensor in _tensors(model, optimizer)]
+    record = move(model, optimizer, CPU)
+    assert (record.bytes, record.gb_per_s) == (0, 0.0)
+    assert [(name, tensor.data_ptr()) for _, name, tensor in _tensors(model, optimizer)] == before
+    optimizer.step()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_a_round_trip_keeps_every_value_and_adam_steps_on_the_cpu() -> None:
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    model, optimizer = trained_linear(cuda)
+    on_device = [tensor.clone() for _, _, tensor in _tensors(model, optimizer)]
+    assert len(on_device) == 8  # weight and bias, their grads, their two Adam moments each
+    offloaded = move(model, optimizer, CPU)
+    assert offloaded.bytes == sum(t.numel() * t.element_size() for t in on_device)
+    assert all(t.device == CPU and t.is_pinned() for _, _, t in _tensors(model, optimizer))
+    move(model, optimizer, cuda)
+    back = [tensor for _, _, tensor in _tensors(model, optimizer)]
+    assert all(t.device == cuda and torch.equal(t, e) for t, e in zip(back, on_device, strict=True))
+    assert all(state["step"].device == CPU for state in optimizer.state.values())
+    optimizer.step()
