@@ -25,6 +25,7 @@ from rlplace.report import collect, write_report
 from rlplace.report.charts import PHASE_COLOURS, phase_of
 from rlplace.report.collect import BUSIEST_STAGE, HANDOFF_WAIT, read_job
 from rlplace.report.write import recommendation
+from tests.planner.synthetic import write_profile
 
 TINY = [
     "cluster=local",  # 2 devices, not the preset's 4: keeps a skipped job, and 2 runs instead of 3
@@ -139,8 +140,14 @@ def multiruns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tu
     workers starting), which the other run fills. The basic launcher's sweep feeds the report; its hybrid job is
     what the Ray launcher's single job must reproduce."""
     basic_dir, ray_dir = tmp_path_factory.mktemp("basic"), tmp_path_factory.mktemp("ray")
+    profile = write_profile(tmp_path_factory.mktemp("profile") / "run")  # the report predicts each job from it
     runs = {
-        "basic": (basic_dir, start_multirun(basic_dir, "placement=collocated,disaggregated,hybrid", "logger=wandb")),
+        "basic": (
+            basic_dir,
+            start_multirun(
+                basic_dir, "placement=collocated,disaggregated,hybrid", "logger=wandb", f"plan.profile={profile}"
+            ),
+        ),
         "ray": (
             ray_dir,
             start_multirun(
@@ -184,6 +191,7 @@ def test_tiny_sweep_writes_report_charts_and_one_wandb_run_per_job(sweep: tuple[
     assert [j.skipped is not None for j in jobs] == [False, True, False]
     assert [j.mode for j in jobs] == ["collocated", "", "hybrid"]
     assert jobs[2].median_throughput > 0
+    assert "| predicted s | error |" in report and jobs[0].predicted_step > 0 and jobs[2].prediction_error >= 0
     assert all(job.medians[HANDOFF_WAIT] >= 0 for job in (jobs[0], jobs[2]))
     rows = {  # each trace row names the components on it, in placement config order
         "0": ["device 0: actor, env, rollout", "device 1: actor, env, rollout", "host: driver"],

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from rlplace.cli import compose_run, resolve_or_fail
+from rlplace.cli import compose_run, fail, resolve_or_fail
 from rlplace.families import Plan
 
 
@@ -37,11 +38,66 @@ def render_table(plan: Plan, console: Console) -> None:
     console.print(sharing)
 
 
+def predictions(plan: Plan) -> dict[str, Any]:
+    """With `plan.profile`: the predicted step of this run, and with `plan.search` the ranked candidates. The
+    model is the embodied family's; a profile of another task, or a folder without one, exits 2 naming the key."""
+    cfg = plan.cfg
+    if cfg.plan.profile is None:
+        return {}
+    if plan.family.name != "embodied":
+        fail(f"plan.profile = {cfg.plan.profile!r}: the planner models embodied runs (valid: an embodied task)")
+    from rlplace.embodied import planning
+    from rlplace.planner import ProfileError
+
+    try:
+        model, prediction = planning.predict_run(cfg, plan.placement, cfg.plan.profile)
+    except ProfileError as err:
+        fail(str(err))
+    found: dict[str, Any] = {"prediction": prediction.to_dict()}
+    if cfg.plan.search:
+        found["search"] = [r.to_dict() for r in planning.search(cfg, model)[: cfg.plan.top]]
+    return found
+
+
+def render_predictions(found: dict[str, Any], console: Console) -> None:
+    prediction = found["prediction"]
+    phases = ", ".join(f"{name} {seconds:.3f}" for name, seconds in prediction["phases"].items())
+    console.print(
+        f"predicted: {prediction['step_s']:.3f} s per step, "
+        f"{prediction['throughput']['env_steps_per_s']:,.0f} env steps/s ({phases})"
+    )
+    if "search" in found:
+        ranked = Table(title="fastest placements (predicted)")
+        for column in ("#", "mode", "env", "rollout", "actor", "stages", "staleness", "step s", "env steps/s"):
+            ranked.add_column(column)
+        for i, r in enumerate(found["search"], 1):
+            where, p = r["component_placement"], r["prediction"]
+            ranked.add_row(
+                str(i),
+                r["mode"],
+                where["env"],
+                where["rollout"],
+                where["actor"],
+                str(r["stages"]),
+                str(r["max_staleness"]),
+                f"{p['step_s']:.3f}",
+                f"{p['throughput']['env_steps_per_s']:,.0f}",
+            )
+        console.print(ranked)
+        for i, r in enumerate(found["search"], 1):
+            console.print(f"#{i}: {r['overrides']}", soft_wrap=True, highlight=False)
+    console.print("assumptions: " + "; ".join(prediction["assumptions"]))
+
+
 def print_plan(plan: Plan) -> None:
+    found = predictions(plan)
     if plan.cfg.plan.format == "json":
-        print(json.dumps(plan.placement.to_dict()))
-    else:
-        render_table(plan, Console())
+        print(json.dumps({**plan.placement.to_dict(), **found}))
+        return
+    console = Console()
+    render_table(plan, console)
+    if found:
+        render_predictions(found, console)
 
 
 def main(argv: list[str] | None = None) -> None:

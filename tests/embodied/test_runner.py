@@ -23,6 +23,7 @@ from rlplace.cli import compose_run
 from rlplace.core.config import ClusterConfig
 from rlplace.core.errors import ConfigError
 from rlplace.embodied.launch import check_checkpoint
+from rlplace.embodied.profile import PROFILE_FILE
 from rlplace.families import resolve
 from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError
@@ -190,6 +191,7 @@ def test_run_writes_metrics_timeline_and_checkpoints(hybrid_run: Path) -> None:
     assert sorted(p.name for p in (hybrid_run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
     summary = json.loads((hybrid_run / "summary.json").read_text())
     assert summary["run/startup_s"] > 0 and summary["run/teardown_s"] > 0
+    assert not (hybrid_run / PROFILE_FILE).exists()  # only with runner.profile=true
 
 
 @pytest.mark.slow
@@ -302,6 +304,44 @@ def test_async_training_gives_the_same_numbers_in_every_placement_and_resumes_ex
     for row, full in zip(resumed, overlapped[2:], strict=True):
         for key in (*COMPARED, "env/total_steps", "train/lr", "train/behaviour_weight"):
             assert row.get(key) == full.get(key), key
+
+
+# Two actor processes, so that the profile has a gradient averaging to time.
+TWO_ACTORS = [HYBRID[0], "cluster.component_placement.actor=0:0-1", *HYBRID[2:]]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_profile_times_each_component_after_the_run(shared_ray: None, tmp_path: Path) -> None:
+    rows = run(tmp_path, *TWO_ACTORS, "runner.profile=true")
+    assert [row["step"] for row in rows] == [0, 1]  # the run itself is unchanged
+    profile = json.loads((tmp_path / PROFILE_FILE).read_text())
+    assert profile.keys() == {
+        *("family", "env_id", "device_type", "devices", "placement", "config"),
+        *("env", "rollout", "actor", "average"),
+    }
+    assert (profile["family"], profile["env_id"], profile["device_type"]) == ("embodied", "CartPole-v1", "cpu")
+    assert profile["devices"].keys() == {"0", "1"} and all(profile["devices"].values())  # each device's cores
+    assert profile["placement"]["mode"] == "hybrid"
+    assert [p["devices"] for p in profile["placement"]["components"]["actor"]] == [[0], [0]]
+    assert profile["config"] == {
+        "total_num_envs": 4,
+        "num_steps": 16,
+        "pipeline_stage_num": 2,
+        "update_epochs": 4,
+        "num_minibatches": 2,
+        "hidden_sizes": [64, 64],
+        "max_staleness": 0,
+    }
+    # Sizes: env and rollout up to task.total_num_envs; actor from 8 up to the minibatch, 4 x 16 / 2 samples.
+    expected = {"env": [1, 2, 4], "rollout": [1, 2, 4], "actor": [8, 16, 32]}
+    for component, sizes in expected.items():
+        measured = profile[component]
+        assert measured["sizes"] == sizes, component
+        assert len(measured["seconds"]) == len(sizes) and all(s > 0 for s in measured["seconds"]), component
+    env = profile["env"]["seconds"]
+    assert env[-1] >= env[0] * 0.5  # 4 simulators take no less than 1, up to noise
+    assert profile["average"]["ranks"] == 2 and profile["average"]["seconds"] > 0
 
 
 @pytest.mark.slow

@@ -193,6 +193,10 @@ class RunnerConfig:
     """K: the rollouts of step t are generated with policy version max(0, t - K), exactly, so the numbers depend on
     the seed and K, never on placement or timing. 0 is the synchronous loop; K >= 1 lets generation run K steps
     ahead of training, overlapping it where the actor has devices of its own (embodied tasks)."""
+    profile: bool = False
+    """After the last step (and its checkpoint), time each component's unit of work at several sizes, one component
+    at a time on an otherwise idle cluster, into the run folder's profile.json: the measured costs from which
+    `rlplace-plan plan.profile=<run folder>` predicts the step time of other placements (embodied tasks)."""
 
     def __post_init__(self) -> None:
         check(self.max_steps >= 1, "runner.max_steps", self.max_steps, "at least 1 (a run with no step trains nothing)")
@@ -229,9 +233,17 @@ class LoggerConfig:
 class PlanConfig:
     format: str = "table"
     """How rlplace-plan prints the resolved placement: `table` or `json`."""
+    profile: str | None = None
+    """A run folder trained with `runner.profile=true`: rlplace-plan then predicts this run's step time."""
+    search: bool = False
+    """With `profile`: also rank every placement, stage count and staleness the cluster can run, fastest first."""
+    top: int = 5
+    """How many candidates a search prints."""
 
     def __post_init__(self) -> None:
         check_choice("plan.format", self.format, ("table", "json"))
+        check(self.top >= 1, "plan.top", self.top, "at least 1")
+        check(not self.search or self.profile is not None, "plan.search", self.search, "true only with plan.profile")
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from rlplace.core import checkpoint
+from rlplace.embodied import profile
 from rlplace.embodied.config import FAMILY, EmbodiedConfig
 from rlplace.embodied.runner import EmbodiedRunner
 from rlplace.embodied.workers import ActorWorker, EnvWorker, RolloutWorker
@@ -27,6 +28,8 @@ class StartingRun(NamedTuple):
     env: StartingGroup
     rollout: StartingGroup
     actor: StartingGroup
+    device_cores: dict[int, list[int]]
+    """Each device's CPU cores (`profile.cores_by_device`), for profile.json."""
 
 
 def start(cfg: EmbodiedConfig, cluster: Cluster) -> StartingRun:
@@ -45,6 +48,7 @@ def start(cfg: EmbodiedConfig, cluster: Cluster) -> StartingRun:
             RolloutWorker.create_group(cfg, env_world_size, placement.get_world_size("actor")), "rollout"
         ),
         actor=start_group(ActorWorker.create_group(cfg, env_world_size), "actor"),
+        device_cores=profile.cores_by_device(cluster),
     )
 
 
@@ -71,6 +75,7 @@ def train(
         logger=logger,
         identity=checkpoint_identity(cfg),
         history=history,
+        device_cores=starting.device_cores,
     )
     runner.init_workers()
     startup_s = time.monotonic() - started

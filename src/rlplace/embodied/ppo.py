@@ -77,47 +77,61 @@ def ppo_update(
     min_size = alg.num_minibatches * (2 if alg.norm_adv else 1)  # a std needs two samples
     if batch_size < min_size:
         raise ValueError(f"batch of {batch_size} is too small for {alg.num_minibatches} minibatches")
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    value_clip = alg.value_clip
-    keys = ("policy_loss", "value_loss", "entropy", "kl", "clip_frac", "behaviour_weight")
+    keys = ("policy_loss", "value_loss", "entropy", "kl", "clip_frac", "behaviour_weight", "grad_norm")
     stats: dict[str, list[Tensor]] = {k: [] for k in keys}
-    grad_norms: list[Tensor] = []
-
     for _ in range(alg.update_epochs):
         order = torch.randperm(batch_size, generator=generator).to(batch["obs"].device)
         for mb in order.tensor_split(alg.num_minibatches):  # exactly num_minibatches steps on every rank
-            logprob, entropy, new_value = model.evaluate(batch["obs"][mb], batch["actions"][mb])
-            advantages = batch["advantages"][mb]
-            if alg.norm_adv:
-                advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-            pg_loss, pg_stats = ppo_policy_loss(
-                logprob,
-                proximal[mb],
-                advantages,
-                alg.clip_ratio_low,
-                alg.clip_ratio_high,
-                None if weights is None else weights[mb],
-            )
-            v_loss = value_loss(new_value, batch["values"][mb], batch["returns"][mb], value_clip)
-            entropy_mean = entropy_bonus(entropy)
-            loss = pg_loss - alg.ent_coef * entropy_mean + alg.vf_coef * v_loss
-
-            optimizer.zero_grad()
-            loss.backward()
-            if allreduce_grads is not None:
-                allreduce_grads([p.grad for p in trainable if p.grad is not None])
-            grad_norms.append(nn.utils.clip_grad_norm_(trainable, alg.max_grad_norm))
-            optimizer.step()
-
-            for key, value in (
-                ("policy_loss", pg_loss),
-                ("value_loss", v_loss),
-                ("entropy", entropy_mean),
-                ("kl", pg_stats["approx_kl"]),
-                ("clip_frac", pg_stats["clip_frac"]),
-                ("behaviour_weight", pg_stats["behaviour_weight"]),
-            ):
-                stats[key].append(value.detach())
-
-    stats["grad_norm"] = grad_norms
+            step_stats = minibatch_step(model, optimizer, batch, mb, proximal, weights, alg, allreduce_grads)
+            for key, value in step_stats.items():
+                stats[key].append(value)
     return {f"train/{key}": torch.stack(values).float().mean().item() for key, values in stats.items()}
+
+
+def minibatch_step(
+    model: MLPActorCritic,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, Tensor],
+    mb: Tensor,
+    proximal: Tensor,
+    weights: Tensor | None,
+    alg: PPOConfig,
+    allreduce_grads: Callable[[list[Tensor]], None] | None = None,
+) -> dict[str, Tensor]:
+    """One optimizer step on the samples `mb` (indices into `batch`), against the proximal log-probs `proximal` with
+    the behaviour weights `weights` (None: all 1); returns the step's detached stats, grad_norm included.
+
+    Apart from `ppo_update` so that `rlplace.embodied.profile` times exactly this unit of work (one minibatch's loss,
+    backward and optimizer step), which the update repeats update_epochs x num_minibatches times."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    logprob, entropy, new_value = model.evaluate(batch["obs"][mb], batch["actions"][mb])
+    advantages = batch["advantages"][mb]
+    if alg.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss, pg_stats = ppo_policy_loss(
+        logprob,
+        proximal[mb],
+        advantages,
+        alg.clip_ratio_low,
+        alg.clip_ratio_high,
+        None if weights is None else weights[mb],
+    )
+    v_loss = value_loss(new_value, batch["values"][mb], batch["returns"][mb], alg.value_clip)
+    entropy_mean = entropy_bonus(entropy)
+    loss = pg_loss - alg.ent_coef * entropy_mean + alg.vf_coef * v_loss
+
+    optimizer.zero_grad()
+    loss.backward()
+    if allreduce_grads is not None:
+        allreduce_grads([p.grad for p in trainable if p.grad is not None])
+    grad_norm = nn.utils.clip_grad_norm_(trainable, alg.max_grad_norm)
+    optimizer.step()
+    return {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_mean.detach(),
+        "kl": pg_stats["approx_kl"].detach(),
+        "clip_frac": pg_stats["clip_frac"].detach(),
+        "behaviour_weight": pg_stats["behaviour_weight"].detach(),
+        "grad_norm": grad_norm,
+    }

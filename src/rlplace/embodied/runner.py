@@ -7,6 +7,8 @@ Each step:
   3. compute_advantages_and_returns on the actor ranks (GAE or group-normalised)
   4. run_training                   PPO, data-parallel over actor ranks
   5. record                         time/*, throughput/*, util/*, train/*, env/* -> metrics.jsonl and the logger
+After the last step, with runner.profile=true, each component times its unit of work alone (`profile.measure`)
+into profile.json.
 Before each phase the switch plan offloads the idle components that share devices with the working ones and
 onloads the working ones (`core.runner.PhaseSwitcher`).
 """
@@ -24,6 +26,7 @@ from typing import Any, NamedTuple
 from rlplace.core import checkpoint, preemption
 from rlplace.core.runner import PhaseSwitcher, collect_spans, open_channels, placement_timeline
 from rlplace.core.watchdog import HangDeadline
+from rlplace.embodied import profile
 from rlplace.embodied.config import COMPONENTS, FAMILY, EmbodiedConfig
 from rlplace.embodied.envs import EpisodeStats, merge_episode_stats
 from rlplace.metrics import MetricLogger, PhaseTimer, TrainingProgress, throughput_metrics
@@ -71,10 +74,13 @@ class EmbodiedRunner:
         logger: MetricLogger,
         identity: dict[str, Any],
         history: list[dict[str, float]] | None = None,
+        device_cores: dict[int, list[int]] | None = None,
     ) -> None:
         """`identity` is what a checkpoint must share with a run that resumes it (`launch.checkpoint_identity`); each
-        checkpoint records it for `launch.check_checkpoint`."""
+        checkpoint records it for `launch.check_checkpoint`. `device_cores` (device -> its CPU cores,
+        `profile.cores_by_device`) goes into profile.json with runner.profile=true."""
         self.cfg, self.actor, self.rollout, self.env = cfg, actor, rollout, env
+        self.device_cores = {} if device_cores is None else device_cores
         self.placement, self.run_dir, self.logger = placement, run_dir, logger
         self.history = [] if history is None else history
         self.timer = PhaseTimer()
@@ -117,7 +123,8 @@ class EmbodiedRunner:
 
     def run(self) -> dict[str, float]:
         """Train `runner.max_steps` steps, or until the task is solved or the run is preempted (SIGTERM, Ctrl-C);
-        returns the last step's metrics. The last step is always checkpointed."""
+        returns the last step's metrics. The last step is always checkpointed; then, with runner.profile=true and
+        unless preempted, the run profiles its components (`write_profile`)."""
         cfg = self.cfg.runner
         metrics: dict[str, float] = {}
         start, steps_before = time.perf_counter(), self.total_env_steps
@@ -140,7 +147,19 @@ class EmbodiedRunner:
                     break
         self.timeline.write(self.run_dir / "timeline.json")
         metrics["run/env_steps_per_s"] = (self.total_env_steps - steps_before) / (time.perf_counter() - start)
+        if cfg.profile and not preemption.requested():  # a preempted run must stop soon
+            self.write_profile()
         return metrics
+
+    def write_profile(self) -> Path:
+        """Time each component's unit of work alone, at several sizes, into profile.json (`profile.measure`)."""
+        start = time.perf_counter()
+        groups = {"env": self.env, "rollout": self.rollout, "actor": self.actor}
+        measured = profile.measure(self.cfg, self.placement, self.device_cores, **groups, switch=self.switcher.before)
+        path = self.run_dir / profile.PROFILE_FILE
+        path.write_text(json.dumps(measured, indent=2) + "\n")
+        log.info(f"rlplace: profiled env, rollout and actor in {time.perf_counter() - start:.1f} s: {path}")
+        return path
 
     def _solved(self) -> bool:
         stop = self.cfg.task.solved_return

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from omegaconf import OmegaConf
 
 from rlplace.metrics.logger import WARMUP_STEPS
 
@@ -74,6 +75,15 @@ class JobResult:
     """Throughput of each measured step (after warm-up)."""
     medians: dict[str, float] = field(default_factory=dict)
     """Median over the measured steps of every time/*, util/* and throughput/* metric, and of `split_generation`."""
+    predicted_step: float | None = None
+    """The planner's step time for this job, from the profile its config names (`plan.profile`), if any."""
+
+    @property
+    def prediction_error(self) -> float:
+        """|predicted - measured| / measured step time; nan without a prediction."""
+        if self.predicted_step is None or "time/step" not in self.medians:
+            return math.nan
+        return abs(self.predicted_step - self.medians["time/step"]) / self.medians["time/step"]
 
     @property
     def title(self) -> str:
@@ -139,7 +149,32 @@ def read_job(path: Path, keys: set[str] = frozenset()) -> JobResult:
     result.throughput = [row[result.rate] for row in kept]
     keys = {k for row in kept for k in row if k.startswith(("time/", "util/", "throughput/"))}
     result.medians = {k: statistics.median(row.get(k, 0.0) for row in kept) for k in sorted(keys)}
+    result.predicted_step = predicted_step(path)
     return result
+
+
+def predicted_step(path: Path) -> float | None:
+    """The planner's step time for the job in `path`, when its config names a profile (`plan.profile`): the
+    embodied model, resolved from the job's own config, so the report sets prediction and measurement side by side.
+    None without a profile, for another family, or for a profile that cannot serve the job."""
+    config = path / ".hydra" / "config.yaml"
+    if not config.exists():
+        return None
+    cfg = OmegaConf.load(config)
+    profile = OmegaConf.select(cfg, "plan.profile")
+    if not profile:
+        return None
+    from rlplace.embodied.planning import predict_run  # the model is the embodied family's
+    from rlplace.families import resolve
+    from rlplace.planner import ProfileError
+
+    plan = resolve(cfg)
+    if plan.family.name != "embodied":
+        return None
+    try:
+        return predict_run(plan.cfg, plan.placement, profile)[1].step_s
+    except ProfileError:
+        return None
 
 
 def collect(multirun_dir: Path) -> list[JobResult]:

@@ -58,6 +58,14 @@ def columns(results: list[JobResult]) -> list[Column]:
         ("per device/s", lambda r: f"{r.per_device:.0f}"),
         ("per device-hour", lambda r: _count(r.per_device * 3600)),
         ("step s", _seconds("time/step")),
+        *(
+            [
+                ("predicted s", lambda r: "-" if r.predicted_step is None else f"{r.predicted_step:.3f}"),
+                ("error", lambda r: "-" if r.predicted_step is None else f"{r.prediction_error:.0%}"),
+            ]
+            if any(r.predicted_step is not None for r in ran)
+            else []
+        ),
         *[(f"{key.removeprefix('time/')} s", _seconds(key)) for key in stages],
         ("wait s", _seconds(HANDOFF_WAIT)),
         ("train s", _seconds("time/training")),

@@ -31,6 +31,7 @@ import ray._private.services as services
 from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rlplace.placement.cores import device_cores
 from rlplace.scheduler.errors import ClusterError
 from rlplace.scheduler.group import WorkerGroup, terminate_groups
 from rlplace.scheduler.rendezvous import create_rendezvous
@@ -351,20 +352,14 @@ def _ip_key(ip: str) -> tuple[int, int, str]:
 
 
 def split_cores(cores: list[int], num_devices: int, cpus_per_device: int | None) -> list[tuple[int, ...]]:
-    """The cores of each logical device of a node: consecutive runs of `cpus_per_device` cores.
-
-    None splits the cores evenly (at least one each); with more devices than cores, devices wrap round-robin and
-    share. An explicit `cpus_per_device` that does not fit is refused, since devices would silently share cores.
-    """
-    per_device = cpus_per_device or max(1, len(cores) // num_devices)
+    """`device_cores`, refusing an explicit `cpus_per_device` that does not fit, since devices would silently share
+    cores."""
     if cpus_per_device is not None and cpus_per_device * num_devices > len(cores):
         raise ClusterError(
             f"cluster.cpus_per_device = {cpus_per_device}: {num_devices} devices x {cpus_per_device} need "
             f"{cpus_per_device * num_devices} cores, but a node has {len(cores)} ({cores}); lower it, or use null"
         )
-    return [
-        tuple(cores[(device * per_device + i) % len(cores)] for i in range(per_device)) for device in range(num_devices)
-    ]
+    return device_cores(cores, num_devices, cpus_per_device)
 
 
 def _local_gpus() -> int:

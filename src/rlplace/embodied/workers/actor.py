@@ -7,6 +7,7 @@ identically on every rank, so ranks step in lockstep. Rank 0 owns weight sync an
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from rlplace.embodied.advantages import compute_advantages
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.ppo import ppo_update, proximal_logprobs
+from rlplace.embodied.ppo import minibatch_step, ppo_update, proximal_logprobs
+from rlplace.embodied.profile import WARMUP, median_seconds, repeats_for, seconds_of
 from rlplace.embodied.streams import actor_pieces, actor_shard, all_streams
 from rlplace.embodied.trajectory import Trajectory
 from rlplace.scheduler import Channel, Worker, timer
@@ -109,6 +111,74 @@ class ActorWorker(Worker):
 
     def _average_grads(self, grads: list[torch.Tensor]) -> None:
         average_grads(grads, self.average_over_group)
+
+    def profile_update(self, sizes: list[int], repeats: int | None = None) -> list[float]:
+        """For each n of `sizes`, the median seconds of one minibatch step of the update (`minibatch_step`: loss,
+        backward, optimizer step; no gradient averaging, which `profile_average` times) on n synthetic samples: the
+        actor's unit of work, for the run's profile (`rlplace.embodied.profile`; `repeats` None picks the count).
+
+        It steps deep copies of the model and optimizer and draws from its own generator, so the trained weights,
+        the optimizer state and the RNGs stay as the run left them."""
+        model, optimizer = copy.deepcopy((self.model, self.optimizer))  # one copy: the optimizer steps the copy's
+        generator = torch.Generator().manual_seed(self.cfg.runner.seed)
+        return [self._time_update(model, optimizer, n, generator, repeats) for n in sizes]
+
+    def _time_update(
+        self,
+        model: MLPActorCritic,
+        optimizer: torch.optim.Optimizer,
+        n: int,
+        generator: torch.Generator,
+        repeats: int | None,
+    ) -> float:
+        spec = env_spec(self.cfg.task.env_id)
+        obs = torch.randn(n, spec.obs_dim, generator=generator)
+        if spec.action.discrete:
+            actions = torch.randint(0, spec.action.n, (n,), generator=generator).float()
+        else:
+            actions = torch.randn(n, spec.action.dim, generator=generator)
+        batch = {"obs": obs, "actions": actions}
+        batch.update({key: torch.randn(n, generator=generator) for key in ("values", "advantages", "returns")})
+        batch = {key: value.to(self.device) for key, value in batch.items()}
+        batch["logprobs"] = proximal_logprobs(model, batch["obs"], batch["actions"])  # ratios near 1, as in the run
+        # Asynchronous training weighs each sample by its behaviour weight; synchronous training has none.
+        weights = torch.ones(n, device=self.device) if self.cfg.runner.max_staleness else None
+        mb = torch.randperm(n, generator=generator).to(self.device)  # a gather, as a shuffled minibatch is
+
+        def step() -> None:
+            minibatch_step(model, optimizer, batch, mb, batch["logprobs"], weights, self.cfg.algorithm)
+            self._synchronize()
+
+        return median_seconds(step, repeats)
+
+    def profile_average(self, repeats: int | None = None) -> dict[str, float]:
+        """The median seconds of one gradient averaging over the actor ranks, and the gradients' bytes (which pick
+        its path: rank to rank below `SMALL_BYTES`, a ring above), through the update's own path
+        (`_average_grads`) on zero tensors shaped like the model's gradients (the real ones stay as they are), for
+        the run's profile (`rlplace.embodied.profile`).
+
+        Collective: every actor rank calls it at once, in a group of more than one rank. With `repeats` None each
+        rank times one call and the group averages those times, so that every rank picks the same number of calls
+        and none waits for a call that never comes."""
+        grads = [torch.zeros_like(p) for p in self.model.parameters() if p.requires_grad]
+
+        def average() -> None:
+            self._average_grads(grads)
+            self._synchronize()
+
+        nbytes = sum(g.numel() * g.element_size() for g in grads)
+        if repeats is None:
+            for _ in range(WARMUP):
+                average()
+            probe = torch.tensor([seconds_of(average)], dtype=torch.float64)
+            self.average_over_group(probe)  # the same bits on every rank
+            return {"seconds": median_seconds(average, repeats_for(probe.item()), warmup=0), "bytes": nbytes}
+        return {"seconds": median_seconds(average, repeats), "bytes": nbytes}
+
+    def _synchronize(self) -> None:
+        """Wait for the device's queued work: a timed GPU call has finished only once its kernels have."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @timer("offload")
     def offload(self) -> int:

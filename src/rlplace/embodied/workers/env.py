@@ -10,6 +10,7 @@ any placement with the same `task.total_num_envs`: each rank reads the files of 
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from pathlib import Path
 from typing import NamedTuple
@@ -17,12 +18,15 @@ from typing import NamedTuple
 import numpy as np
 
 from rlplace.embodied.config import EmbodiedConfig
-from rlplace.embodied.envs import EnvSlice, EpisodeStats, SubEnvState, merge_episode_stats
+from rlplace.embodied.envs import ActionSpec, EnvSlice, EpisodeStats, SubEnvState, env_spec, merge_episode_stats
+from rlplace.embodied.profile import median_seconds
 from rlplace.embodied.streams import all_streams
 from rlplace.scheduler import Channel, Worker, timer
 
 ENVS_DIR = "envs"
 """The checkpoint's subfolder of sub-env files, `<global env index>.pkl` (zero-padded to 6 digits)."""
+PROFILE_ACTIONS = 16
+"""Random action batches a profiled slice cycles through: drawn before timing, so that drawing is not timed."""
 
 
 class SavedSubEnv(NamedTuple):
@@ -37,13 +41,24 @@ def _sub_env_file(folder: str, index: int) -> Path:
     return Path(folder) / ENVS_DIR / f"{index:06d}.pkl"
 
 
+def _random_actions(spec: ActionSpec, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Valid actions for `n` sub-envs: integers [n] below spec.n, or floats [n, dim] within the bounds."""
+    if spec.discrete:
+        return rng.integers(0, spec.n, size=n)
+    return rng.uniform(spec.low, spec.high, size=(n, spec.dim)).astype(np.float32)
+
+
 class EnvWorker(Worker):
     def __init__(self, cfg: EmbodiedConfig) -> None:
         self.cfg = cfg
         streams = all_streams(cfg.task.total_num_envs, self.world_size, cfg.rollout.pipeline_stage_num)
         self.streams = [s for s in streams if s.env_rank == self.rank]
-        kwargs = {} if cfg.task.max_episode_steps is None else {"max_episode_steps": cfg.task.max_episode_steps}
-        self.slices = [EnvSlice(cfg.task.env_id, s.start, s.end, cfg.runner.seed, **kwargs) for s in self.streams]
+        cap = cfg.task.max_episode_steps
+        self.env_kwargs = {} if cap is None else {"max_episode_steps": cap}
+        """What each simulator is made with: the run's slices and the throwaway ones of `profile_step`."""
+        self.slices = [
+            EnvSlice(cfg.task.env_id, s.start, s.end, cfg.runner.seed, **self.env_kwargs) for s in self.streams
+        ]
         self.obs = [env.reset() for env in self.slices]
         self.dones = [np.zeros(env.num_envs, dtype=np.float32) for env in self.slices]
         self.first_sent = False
@@ -75,6 +90,25 @@ class EnvWorker(Worker):
         for stream, obs, done in zip(self.streams, self.obs, self.dones, strict=True):
             obs_channel.put((obs, np.zeros(len(obs), dtype=np.float32), done), key=stream.key)
         self.first_sent = True
+
+    def profile_step(self, sizes: list[int], repeats: int | None = None) -> list[float]:
+        """For each n of `sizes`, the median seconds of one `step` of n sub-envs with random valid actions: the env's
+        unit of work, for the run's profile (`rlplace.embodied.profile`; `repeats` None picks the count).
+
+        Each n gets a fresh slice, reset and stepped twice before timing, then thrown away: the run's own simulators
+        and their episodes are untouched."""
+        spec = env_spec(self.cfg.task.env_id, **self.env_kwargs).action
+        rng = np.random.default_rng(self.cfg.runner.seed)
+        seconds = []
+        for n in sizes:
+            env = EnvSlice(self.cfg.task.env_id, 0, n, self.cfg.runner.seed, **self.env_kwargs)
+            try:
+                env.reset()
+                actions = itertools.cycle([_random_actions(spec, n, rng) for _ in range(PROFILE_ACTIONS)])
+                seconds.append(median_seconds(lambda env=env, actions=actions: env.step(next(actions)), repeats))
+            finally:
+                env.close()
+        return seconds
 
     @timer("offload")
     def offload(self) -> int:

@@ -7,7 +7,10 @@ version number; in synchronous training the rollout refuses to act on a stale ve
 
 from __future__ import annotations
 
+import itertools
+
 import torch
+from torch import Tensor
 
 from rlplace.core.offload import move
 from rlplace.core.rng import uniform_noise
@@ -15,6 +18,7 @@ from rlplace.core.weights import StaleWeightsError, receive_weights
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
+from rlplace.embodied.profile import median_seconds
 from rlplace.embodied.streams import actor_pieces, all_streams, streams_of_rollout
 from rlplace.embodied.trajectory import Trajectory
 from rlplace.scheduler import Channel, Worker, timer
@@ -68,11 +72,7 @@ class RolloutWorker(Worker):
                     if t == num_steps:
                         traj.last_value, traj.last_done = self.model.value(obs.to(self.device)).cpu(), done
                         continue
-                    noise = uniform_noise(
-                        self.cfg.runner.seed, traj.env_indices, step * num_steps + t, self.model.noise_dim
-                    )
-                    action, logprob, value = self.model.act(obs.to(self.device), noise.to(self.device))
-                    action, logprob, value = action.cpu(), logprob.cpu(), value.cpu()
+                    action, logprob, value = self._act(obs, traj.env_indices, step * num_steps + t)
                     traj.obs[t], traj.dones[t], traj.actions[t] = obs, done, action.to(traj.actions.dtype)
                     traj.logprobs[t], traj.values[t] = logprob, value
                 action_channel.put(action.numpy(), key=stream.key)
@@ -80,6 +80,26 @@ class RolloutWorker(Worker):
             for actor_rank, start, end in actor_pieces(stream, self.cfg.task.total_num_envs, self.actor_world_size):
                 trajectory_channel.put(traj.columns(start, end), key=f"actor{actor_rank}")
         return num_steps * sum(s.end - s.start for s in self.streams)
+
+    def _act(self, obs: Tensor, env_indices: Tensor, counter: int) -> tuple[Tensor, Tensor, Tensor]:
+        """One stream's inference: the noise of `env_indices` at env-step counter `counter`, the policy on `obs`,
+        and action, log-prob and value back on the CPU. Its own method so that `profile_infer` times exactly it."""
+        noise = uniform_noise(self.cfg.runner.seed, env_indices, counter, self.model.noise_dim)
+        action, logprob, value = self.model.act(obs.to(self.device), noise.to(self.device))
+        return action.cpu(), logprob.cpu(), value.cpu()
+
+    @torch.no_grad()
+    def profile_infer(self, sizes: list[int], repeats: int | None = None) -> list[float]:
+        """For each n of `sizes`, the median seconds of one stream's inference (`_act`) on n random observations:
+        the rollout's unit of work, for the run's profile (`rlplace.embodied.profile`; `repeats` None picks the
+        count). Inference changes nothing the run keeps."""
+        generator = torch.Generator().manual_seed(self.cfg.runner.seed)
+        seconds = []
+        for n in sizes:
+            obs, env_indices = torch.randn(n, self.obs_dim, generator=generator), torch.arange(n)
+            counters = itertools.count()  # a new env-step counter each call, as in generation: new noise
+            seconds.append(median_seconds(lambda o=obs, i=env_indices, c=counters: self._act(o, i, next(c)), repeats))
+        return seconds
 
     @timer("offload")
     def offload(self) -> int:

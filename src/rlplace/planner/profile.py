@@ -1,0 +1,88 @@
+"""A run's profile: the unit costs its workers measured (`runner.profile=true` writes `profile.json`) and the phase
+times the run itself recorded (metrics.jsonl, timeline.json), which calibrate what the unit costs leave out.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlplace.metrics.logger import METRICS_FILE, WARMUP_STEPS
+
+from .curve import Curve
+
+PROFILE_FILE = "profile.json"
+TIMELINE_FILE = "timeline.json"
+GENERATION_SPANS = ("env_step", "rollout_infer")
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used for this plan; the message names `plan.profile` and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    folder: Path
+    data: dict[str, Any]
+    """profile.json as the run wrote it: family, task, devices and their cores, config, unit-cost curves."""
+    phases: dict[str, float]
+    """Median seconds per step of each `time/*` metric, over the steps after the warm-up."""
+    generation_overhead_s: float
+    """Per step, the part of generation no worker span covers: starting and collecting the worker methods."""
+
+    def curve(self, name: str) -> Curve:
+        return Curve.from_dict(self.data[name])
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.data["config"]
+
+
+def load_profile(folder: str | Path, family: str, task: str) -> Profile:
+    """The profile in run folder `folder`, refused (ProfileError) unless it profiled a `family` run of `task`."""
+    folder = Path(folder)
+    path = folder / PROFILE_FILE
+    if not path.is_file():
+        raise ProfileError(
+            f"plan.profile = {str(folder)!r}: no {PROFILE_FILE} there (valid: the folder of a run trained with "
+            "runner.profile=true)"
+        )
+    data = json.loads(path.read_text())
+    found = (data.get("family"), data.get("env_id"))
+    if found != (family, task):
+        raise ProfileError(
+            f"plan.profile = {str(folder)!r}: it profiled a {found[0]} run of {found[1]!r}, not this "
+            f"{family} run of {task!r} (valid: a profile of the same task)"
+        )
+    for name in (METRICS_FILE, TIMELINE_FILE):
+        if not (folder / name).is_file():
+            raise ProfileError(f"plan.profile = {str(folder)!r}: {name} is missing (valid: a whole run folder)")
+    return Profile(folder, data, _phase_medians(folder / METRICS_FILE), _generation_overhead(folder / TIMELINE_FILE))
+
+
+def _phase_medians(path: Path) -> dict[str, float]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    measured = [row for row in rows if row["step"] >= WARMUP_STEPS] or rows
+    values: dict[str, list[float]] = defaultdict(list)
+    for row in measured:
+        for key, value in row.items():
+            if key.startswith("time/") and isinstance(value, int | float):
+                values[key.removeprefix("time/")].append(float(value))
+    return {key: statistics.median(found) for key, found in values.items()}
+
+
+def _generation_overhead(path: Path) -> float:
+    """Median over measured steps of (first worker span - phase start) + (phase end - last worker span)."""
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    phases = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == "generate_rollouts")
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] in GENERATION_SPANS)
+    gaps = []
+    for start, end in phases[WARMUP_STEPS:] or phases:
+        inside = [(s, e) for s, e in spans if start <= s and e <= end]
+        if inside:
+            gaps.append((inside[0][0] - start + end - max(e for _, e in inside)) / 1e6)
+    return statistics.median(gaps) if gaps else 0.0

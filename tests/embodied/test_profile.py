@@ -1,0 +1,109 @@
+"""The sizes a run profiles its components at, and the timing loop each worker uses (`rlplace.embodied.profile`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rlplace.cli import compose_run
+from rlplace.embodied import profile
+from rlplace.families import resolve
+
+
+@pytest.mark.parametrize(
+    ("last", "first", "sizes"),
+    [
+        (1, 1, [1]),
+        (8, 1, [1, 2, 4, 8]),
+        (12, 1, [1, 2, 4, 8, 12]),  # the run's own size, though not a power of two
+        (32, 1, [1, 2, 4, 8, 16, 32]),
+        (256, 8, [8, 16, 32, 64, 128, 256]),
+        (24, 8, [8, 16, 24]),
+        (5, 8, [5]),  # below the first size: just the run's own
+    ],
+)
+def test_sizes_double_up_to_the_run_s_own(last: int, first: int, sizes: list[int]) -> None:
+    assert profile.sizes_up_to(last, first) == sizes
+
+
+@pytest.mark.parametrize(("last", "first"), [(0, 1), (8, 3), (8, 0)])
+def test_sizes_refuse_what_has_no_doubling(last: int, first: int) -> None:
+    with pytest.raises(ValueError, match="is not"):
+        profile.sizes_up_to(last, first)
+
+
+def test_the_actor_is_profiled_up_to_the_minibatch_of_the_default_run() -> None:
+    cfg = resolve(compose_run([])).cfg  # CartPole: 32 envs x 32 steps over 4 minibatches
+    assert profile.minibatch_size(cfg) == 256
+    assert profile.sizes_up_to(profile.minibatch_size(cfg), profile.FIRST_ACTOR_SIZE) == [8, 16, 32, 64, 128, 256]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "repeats"),
+    [(1e-7, profile.MAX_REPEATS), (0.004, 50), (0.05, 4), (2.0, profile.MIN_REPEATS)],
+)
+def test_repeats_fill_about_the_target_time(seconds: float, repeats: int) -> None:
+    assert profile.repeats_for(seconds) == repeats
+
+
+def test_median_seconds_warms_up_then_times_the_chosen_number_of_calls() -> None:
+    calls = []
+    assert profile.median_seconds(lambda: calls.append(1), repeats=5) > 0
+    assert len(calls) == profile.WARMUP + 5
+    calls.clear()
+    profile.median_seconds(lambda: calls.append(1))  # a probe, then as many as fill TARGET_S (a fast call: all)
+    assert len(calls) == profile.WARMUP + 1 + profile.MAX_REPEATS
+
+
+class Done:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def wait(self) -> Any:
+        return self.value
+
+
+class RecordingGroup:
+    """Stands in for a WorkerGroup: records which ranks each call reached, in order, and answers one value per rank."""
+
+    def __init__(self, name: str, world_size: int, calls: list[str]) -> None:
+        self.name, self.world_size, self.calls, self.ranks = name, world_size, calls, range(world_size)
+
+    def execute_on(self, *ranks: int) -> RecordingGroup:
+        selected = RecordingGroup(self.name, self.world_size, self.calls)
+        selected.ranks = ranks
+        return selected
+
+    def __getattr__(self, method: str) -> Any:
+        def call(*args: Any) -> Done:
+            self.calls.append(f"{self.name}{list(self.ranks)}.{method}")
+            sizes = args[0] if args else None
+            if sizes:
+                return Done([[0.001] * len(sizes) for _ in self.ranks])
+            return Done([{"seconds": 0.002 + rank / 1000, "bytes": 4096} for rank in self.ranks])
+
+        return call
+
+
+def test_each_component_is_timed_alone_after_switching_through_the_loop_s_phases() -> None:
+    plan = resolve(compose_run(["cluster.component_placement.actor=0-1"]))  # two actor ranks: a collective to time
+    calls: list[str] = []
+    groups = {name: RecordingGroup(name, plan.placement.get_world_size(name), calls) for name in plan.placement}
+    cores = {0: [0], 1: [1]}
+    measured = profile.measure(plan.cfg, plan.placement, cores, **groups, switch=lambda phase: calls.append(phase))
+    # The run ended in training; the switch plan holds only for the loop's order of phases (with offload on a GPU, a
+    # jump from training to generation would leave the rollout's weights on the CPU).
+    assert calls == [
+        "sync_weights",
+        "generate_rollouts",
+        "env[0].profile_step",
+        "rollout[0].profile_infer",
+        "training",
+        "actor[0].profile_update",
+        "actor[0, 1].profile_average",
+    ]
+    assert measured["env"] == {"sizes": [1, 2, 4, 8, 16, 32], "seconds": [0.001] * 6}
+    assert measured["actor"]["sizes"] == [8, 16, 32, 64, 128, 256]
+    assert measured["average"] == {"ranks": 2, "seconds": 0.003, "bytes": 4096}  # the slowest rank: all wait for it
+    assert measured["devices"] == {"0": [0], "1": [1]}
