@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig
@@ -47,6 +48,8 @@ def compose_run(overrides: list[str], with_hydra: bool = False) -> DictConfig:
     without creating a run folder or logging; composition errors exit 2 with one line."""
     register()
     try:
+        if GlobalHydra.instance().is_initialized():  # inside rlplace-train (a sweep's report callback): our tree
+            return compose(config_name="train", overrides=overrides, return_hydra_config=with_hydra)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return compose(config_name="train", overrides=overrides, return_hydra_config=with_hydra)
     except (HydraException, OmegaConfBaseException) as err:

@@ -3,6 +3,11 @@
 It takes the same overrides as `rlplace-train` and goes through the same resolution (`resolve`), so what it
 prints is what training would do. It composes with Hydra's compose API rather than `@hydra.main`: a plan writes
 no output folder and sets up no logging, and answers in well under a second of its own.
+
+With `plan.profile=<run folder>` (a run trained with `runner.profile=true`) it also predicts the composed run's step
+time, and with `plan.search=true` ranks every placement, stage count and staleness the cluster can run
+(`rlplace.embodied.planning`): arithmetic over the profile, no Ray, so a cluster larger than the profiling machine
+is planned as fast.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from omegaconf import OmegaConf
 
 from rlplace.metrics.logger import WARMUP_STEPS
 
@@ -154,25 +153,24 @@ def read_job(path: Path, keys: set[str] = frozenset()) -> JobResult:
 
 
 def predicted_step(path: Path) -> float | None:
-    """The planner's step time for the job in `path`, when its config names a profile (`plan.profile`): the
-    embodied model, resolved from the job's own config, so the report sets prediction and measurement side by side.
-    None without a profile, for another family, or for a profile that cannot serve the job."""
-    config = path / ".hydra" / "config.yaml"
-    if not config.exists():
+    """The planner's step time for the job in `path`, when its overrides name a profile (`plan.profile`): the
+    embodied model on the job's config, composed again from its overrides as `rlplace-plan` would, so the report
+    sets prediction and measurement side by side. None without a profile, for another family, or for a profile that
+    cannot serve the job."""
+    overrides_file = path / ".hydra" / "overrides.yaml"
+    overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
+    if not any(o.startswith("plan.profile=") for o in overrides):
         return None
-    cfg = OmegaConf.load(config)
-    profile = OmegaConf.select(cfg, "plan.profile")
-    if not profile:
-        return None
-    from rlplace.embodied.planning import predict_run  # the model is the embodied family's
+    from rlplace.cli import compose_run  # the model and the config tree only load for a sweep that asks
+    from rlplace.embodied.planning import predict_run
     from rlplace.families import resolve
     from rlplace.planner import ProfileError
 
-    plan = resolve(cfg)
+    plan = resolve(compose_run(overrides))
     if plan.family.name != "embodied":
         return None
     try:
-        return predict_run(plan.cfg, plan.placement, profile)[1].step_s
+        return predict_run(plan.cfg, plan.placement, plan.cfg.plan.profile)[1].step_s
     except ProfileError:
         return None
 
