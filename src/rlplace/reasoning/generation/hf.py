@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlplace.core.offload import move
 from rlplace.core.rng import uniform_noise
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 
@@ -119,18 +120,18 @@ class HFEngine:
         self.model.load_state_dict(state, strict=True)
 
     def sleep(self) -> None:
-        """On a GPU, move the weights to host memory and release the cached blocks, the static caches and graphs
-        with them (they point at device memory that moves); no-op on CPU."""
+        """On a GPU, move the weights to pinned host memory (`core.offload.move`: at the pinned copy rate, where
+        `Module.to("cpu")` copies into pageable memory) and drop the static caches and graphs, which point at device
+        memory that moves; no-op on CPU."""
         if self.device.type == "cuda":
             self._static.clear()
             self._pool = None
-            self.model.to("cpu")
-            torch.cuda.empty_cache()
+            move(self.model, None, torch.device("cpu"))
 
     def wake_up(self) -> None:
         """On a GPU, move the weights back (graphs are captured again on first use); no-op on CPU."""
         if self.device.type == "cuda":
-            self.model.to(self.device)
+            move(self.model, None, self.device)
 
     def close(self) -> None:
         """Nothing to release: the model is an ordinary module, freed with the engine."""
