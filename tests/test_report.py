@@ -25,7 +25,7 @@ from rlplace.report import collect, write_report
 from rlplace.report.charts import PHASE_COLOURS, phase_of
 from rlplace.report.collect import BUSIEST_STAGE, HANDOFF_WAIT, read_job
 from rlplace.report.write import recommendation
-from tests.planner.synthetic import write_profile
+from tests.planner.synthetic import profile_data, write_profile
 
 TINY = [
     "cluster=local",  # 2 devices, not the preset's 4: keeps a skipped job, and 2 runs instead of 3
@@ -95,6 +95,19 @@ def test_report_states_n_spread_wait_per_device_and_a_recommendation(tmp_path: P
         "**Recommendation:** fastest: hybrid, 2 stages (1,300 env steps/s), 1.30x over collocated, 2 stages on this "
         "cluster (4 devices)"
     )
+
+
+def test_a_sweep_that_profiled_is_predicted_from_its_least_contended_job(tmp_path: Path) -> None:
+    """`runner.profile=true` on a sweep: every job profiles itself, and the report predicts every job from the
+    disaggregated one (the calibration point is that job's own run)."""
+    jobs = [fake_job(tmp_path / "0", "collocated", [100.0] * 4), fake_job(tmp_path / "1", "disaggregated", [90.0] * 4)]
+    for job in jobs:
+        (job / "profile.json").write_text(json.dumps(profile_data()))
+    results = collect(tmp_path)
+    assert [r.predicted_from for r in results] == [str(jobs[1])] * 2
+    assert all(r.predicted_step > 0 and r.prediction_error >= 0 for r in results)
+    report = write_report(tmp_path).read_text()
+    assert "| predicted s | error |" in report and f"from the profile of {jobs[1]}" in report
 
 
 def test_recommendation_says_when_it_has_nothing_or_little_to_go_on(tmp_path: Path) -> None:

@@ -18,9 +18,8 @@ def line(base: float, per_item: float, sizes: list[int]) -> dict:
     return {"sizes": sizes, "seconds": [base + per_item * n for n in sizes]}
 
 
-def write_profile(folder: Path, env_id: str = "CartPole-v1") -> Path:
-    """A profiled 2-device hybrid run (env on device 0, rollout on 1, actor on both; one core per device)."""
-    folder.mkdir(parents=True, exist_ok=True)
+def profile_data(env_id: str = "CartPole-v1") -> dict:
+    """profile.json of a 2-device hybrid run (env on device 0, rollout on 1, actor on both; one core per device)."""
     placement = ComponentPlacement(
         {"env": "0", "rollout": "1", "actor": "0-1"}, 1, 2, components=("env", "rollout", "actor")
     )
@@ -46,7 +45,13 @@ def write_profile(folder: Path, env_id: str = "CartPole-v1") -> Path:
         "actor": line(1e-3, 2e-5, [8, 16, 32, 64, 128, 256]),
         "average": {"ranks": 2, "seconds": 3e-4},
     }
-    (folder / "profile.json").write_text(json.dumps(profile))
+    return profile
+
+
+def write_profile(folder: Path, env_id: str = "CartPole-v1") -> Path:
+    """A whole profiled run folder: `profile_data`, and the metrics and timeline its run recorded."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "profile.json").write_text(json.dumps(profile_data(env_id)))
     rows = [{"step": s, **{f"time/{k}": v for k, v in MEASURED.items()}} for s in range(5)]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     events = []

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from rlplace.metrics.logger import WARMUP_STEPS
+from rlplace.planner import PROFILE_FILE, ProfileError
 
 STAGES = ("time/env", "time/rollout", "time/reward", "time/inference")
 """Busy seconds of each generation stage in a step: embodied runs log env and rollout, reasoning runs rollout,
@@ -75,7 +76,9 @@ class JobResult:
     medians: dict[str, float] = field(default_factory=dict)
     """Median over the measured steps of every time/*, util/* and throughput/* metric, and of `split_generation`."""
     predicted_step: float | None = None
-    """The planner's step time for this job, from the profile its config names (`plan.profile`), if any."""
+    """The planner's step time for this job (`predicted_step`), if the sweep had a profile."""
+    predicted_from: str | None = None
+    """The run folder of that profile."""
 
     @property
     def prediction_error(self) -> float:
@@ -132,7 +135,7 @@ def _job_label(path: Path, keys: set[str]) -> str:
     return " ".join(o for o in overrides if not keys or o.split("=", 1)[0] in keys) or path.name
 
 
-def read_job(path: Path, keys: set[str] = frozenset()) -> JobResult:
+def read_job(path: Path, keys: set[str] = frozenset(), profile: Path | None = None) -> JobResult:
     result = JobResult(job=path.name, path=path, label=_job_label(path, keys))
     if (path / "skipped.txt").exists():
         result.skipped = (path / "skipped.txt").read_text().strip()
@@ -148,40 +151,55 @@ def read_job(path: Path, keys: set[str] = frozenset()) -> JobResult:
     result.throughput = [row[result.rate] for row in kept]
     keys = {k for row in kept for k in row if k.startswith(("time/", "util/", "throughput/"))}
     result.medians = {k: statistics.median(row.get(k, 0.0) for row in kept) for k in sorted(keys)}
-    result.predicted_step = predicted_step(path)
+    result.predicted_step, result.predicted_from = predicted_step(path, profile)
     return result
 
 
-def predicted_step(path: Path) -> float | None:
-    """The planner's step time for the job in `path`, when its overrides name a profile (`plan.profile`): the
-    embodied model on the job's config, composed again from its overrides as `rlplace-plan` would, so the report
-    sets prediction and measurement side by side. None without a profile, for another family, or for a profile that
-    cannot serve the job."""
+def profile_source(jobs: list[Path]) -> Path | None:
+    """Of a sweep's jobs that profiled themselves (`runner.profile=true`), the one to predict every job from: the
+    least contended (disaggregated, synchronous, 1 stage first, as `benchmarks/planner_accuracy.py` validates)."""
+
+    def contention(job: Path) -> tuple[bool, bool, int, int]:
+        info = json.loads((job / "run.json").read_text())
+        return info["mode"] != "disaggregated", info.get("staleness", 0) != 0, info.get("stages", 1), int(job.name)
+
+    profiled = [job for job in jobs if (job / PROFILE_FILE).exists() and (job / "run.json").exists()]
+    return min(profiled, key=contention, default=None)
+
+
+def predicted_step(path: Path, profile: Path | None = None) -> tuple[float | None, str | None]:
+    """The planner's step time for the job in `path`: from the profile its overrides name (`plan.profile`), else
+    from `profile` (a job of the same sweep); the embodied model on the job's config, composed again from its
+    overrides as `rlplace-plan` would; and the profile it came from. None without a profile, for another family,
+    or for a profile that cannot serve the job."""
     overrides_file = path / ".hydra" / "overrides.yaml"
     overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
-    if not any(o.startswith("plan.profile=") for o in overrides):
-        return None
+    named = next((o.split("=", 1)[1] for o in overrides if o.startswith("plan.profile=")), None)
+    source = named or profile
+    if source is None:
+        return None, None
     from rlplace.cli import compose_run  # the model and the config tree only load for a sweep that asks
     from rlplace.embodied.planning import predict_run
     from rlplace.families import resolve
-    from rlplace.planner import ProfileError
 
     plan = resolve(compose_run(overrides))
     if plan.family.name != "embodied":
-        return None
+        return None, None
     try:
-        return predict_run(plan.cfg, plan.placement, plan.cfg.plan.profile)[1].step_s
+        return predict_run(plan.cfg, plan.placement, str(source))[1].step_s, str(source)
     except ProfileError:
-        return None
+        return None, None
 
 
 def collect(multirun_dir: Path) -> list[JobResult]:
-    """Every job folder (named by job number) of a multirun, in job order."""
+    """Every job folder (named by job number) of a multirun, in job order; predicted from a profile where one was
+    named (`plan.profile`) or a job profiled itself (`profile_source`)."""
     jobs = sorted((p for p in multirun_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
     if not jobs:
         raise FileNotFoundError(f"{multirun_dir} holds no job folders (0, 1, ...): is it a multirun folder?")
     keys = swept_keys(multirun_dir)
-    return [read_job(job, keys) for job in jobs]
+    profile = profile_source(jobs)
+    return [read_job(job, keys, profile) for job in jobs]
 
 
 def baseline_for(result: JobResult, results: list[JobResult]) -> JobResult | None:

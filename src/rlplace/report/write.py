@@ -104,6 +104,19 @@ def recommendation(ran: list[JobResult]) -> str:
     return text if other_modes else f"{text}; only {fastest.mode} ran"
 
 
+def prediction_note(ran: list[JobResult]) -> list[str]:
+    """What *predicted s* and *error* are, when the sweep had a profile: which run's, and that the profiled job is
+    the model's calibration point (its own error says nothing about the model)."""
+    sources = sorted({r.predicted_from for r in ran if r.predicted_from})
+    if not sources:
+        return []
+    return [
+        f"*predicted s* is the planner's step time for the job from the profile of {', '.join(sources)} "
+        "(`rlplace-plan plan.profile=...`; the profiled run itself is the model's calibration point); *error* is "
+        "|predicted - measured| / measured step time."
+    ]
+
+
 def write_report(multirun_dir: Path, console: Console | None = None) -> Path:
     """Write report.md and the PNG charts into `multirun_dir`, print the table, and return report.md's path."""
     results = collect(multirun_dir)
@@ -131,6 +144,7 @@ def write_report(multirun_dir: Path, console: Console | None = None) -> Path:
         "compares with the synchronous collocated run of the same pipeline stages; *per device* divides by every "
         "device the run holds, busy or idle; *wait* is the hand-off wait: generation time the busiest stage does not "
         "cover; *overlap* is training time that ran beside generation.",
+        *prediction_note(ran),
         "",
         markdown_table(headers, body),
         "",
