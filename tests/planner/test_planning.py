@@ -20,6 +20,7 @@ from rlplace.cli import compose_run
 from rlplace.embodied import planning
 from rlplace.families import resolve
 from rlplace.placement import ComponentPlacement
+from rlplace.plan import main as plan_main
 from rlplace.planner import Curve, ProfileError, busiest, load_profile
 from tests.planner.synthetic import ENVS, EPOCHS, MEASURED, MINIBATCHES, STEPS, write_profile
 
@@ -119,15 +120,19 @@ def test_rlplace_plan_predicts_and_searches_a_larger_cluster(profile_dir: Path) 
     resolved = resolve(compose_run(overrides))
     assert resolved.cfg.rollout.pipeline_stage_num == ranked[0]["stages"]
     assert resolved.placement.mode == ranked[0]["mode"]
-    table = run_plan(f"plan.profile={profile_dir}", "plan.search=true")
-    assert table.returncode == 0 and "predicted:" in table.stdout and "fastest placements" in table.stdout
 
 
-def test_rlplace_plan_refuses_a_bad_profile_with_exit_2(tmp_path: Path) -> None:
-    result = run_plan(f"plan.profile={tmp_path}")
+def test_rlplace_plan_prints_the_prediction_and_the_ranked_table(profile_dir: Path, capsys) -> None:
+    plan_main([f"plan.profile={profile_dir}", "plan.search=true"])
+    printed = capsys.readouterr().out
+    assert "predicted:" in printed and "fastest placements" in printed and "#1: placement=hybrid" in printed
+
+
+def test_rlplace_plan_refuses_a_bad_profile_with_exit_2(tmp_path: Path, capsys) -> None:
+    result = run_plan(f"plan.profile={tmp_path}")  # the CLI's exit code and its one line
     assert result.returncode == 2 and "plan.profile" in result.stderr and len(result.stderr.splitlines()) == 1
     other = write_profile(tmp_path / "cheetah", env_id="HalfCheetah-v5")
-    result = run_plan(f"plan.profile={other}")
-    assert result.returncode == 2 and "HalfCheetah-v5" in result.stderr
-    result = run_plan("plan.search=true")
-    assert result.returncode == 2 and "plan.search" in result.stderr
+    for overrides, named in (([f"plan.profile={other}"], "HalfCheetah-v5"), (["plan.search=true"], "plan.search")):
+        with pytest.raises(SystemExit) as exited:
+            plan_main(overrides)
+        assert exited.value.code == 2 and named in capsys.readouterr().err
