@@ -24,7 +24,6 @@ from pathlib import Path
 from rlplace.cli import compose_run
 from rlplace.embodied import planning
 from rlplace.families import resolve
-from rlplace.planner import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {"cartpole": [], "halfcheetah": ["experiment=halfcheetah_pipeline"]}
@@ -42,11 +41,9 @@ def train(overrides: list[str], run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def predict(overrides: list[str], profile_dir: Path) -> planning.Prediction:
+def predict(overrides: list[str], model: planning.StepModel) -> planning.Prediction:
     plan = resolve(compose_run(overrides))
-    model = planning.StepModel(load_profile(profile_dir, "embodied", plan.cfg.task.env_id))
-    layout = planning.Layout.of(plan.placement, planning.cluster_cores(model, plan.cfg))
-    return model.predict(planning.Shape.of(plan.cfg), layout, planning.offloadable(plan.cfg))
+    return planning.predict_run(model, plan.cfg, plan.placement)
 
 
 def phases(prediction: planning.Prediction, summary: dict) -> str:
@@ -70,11 +67,12 @@ def main() -> None:
             base = [*TASKS[task], *SWEEP]
             profile_dir = Path(tmp) / f"{task}_profile"
             train([*base, *PROFILE], profile_dir)
+            model = planning.load_model(profile_dir, resolve(compose_run(base)).cfg.task.env_id)
             jobs = itertools.product(("collocated", "disaggregated", "hybrid"), (1, 2), (0, 1))
             for placement, stages, staleness in jobs:
                 job = [f"placement={placement}", f"rollout.pipeline_stage_num={stages}"]
                 job.append(f"runner.max_staleness={staleness}")
-                prediction = predict([*base, *job], profile_dir)
+                prediction = predict([*base, *job], model)
                 summary = train([*base, *job], Path(tmp) / f"{task}_{placement}_{stages}_{staleness}")
                 predicted, measured = prediction.step_s, summary["time/step"]
                 row = {"task": task, "placement": placement, "stages": stages, "staleness": staleness}

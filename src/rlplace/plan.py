@@ -55,10 +55,10 @@ def predictions(plan: Plan) -> dict[str, Any]:
     from rlplace.planner import ProfileError
 
     try:
-        model, prediction = planning.predict_run(cfg, plan.placement, cfg.plan.profile)
+        model = planning.load_model(cfg.plan.profile, cfg.task.env_id)
     except ProfileError as err:
         fail(str(err))
-    found: dict[str, Any] = {"prediction": prediction.to_dict()}
+    found: dict[str, Any] = {"prediction": planning.predict_run(model, cfg, plan.placement).to_dict()}
     if cfg.plan.search:
         found["search"] = [r.to_dict() for r in planning.search(cfg, model)[: cfg.plan.top]]
     return found

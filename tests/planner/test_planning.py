@@ -32,7 +32,7 @@ def profile_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def model(profile_dir: Path) -> planning.StepModel:
-    return planning.StepModel(load_profile(profile_dir, "embodied", "CartPole-v1"))
+    return planning.load_model(profile_dir, "CartPole-v1")
 
 
 def test_curve_interpolates_and_extends_the_last_slope() -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from rlplace.core.errors import ConfigError
@@ -148,6 +149,7 @@ class StepModel:
         own_shape = Shape.from_dict(profile.config)
         own = Layout.of(profile.data["placement"], self.cores)
         self.own_rollouts = len(own.processes["rollout"])
+        self.own_samples_per_rank = _samples_per_rank(own_shape, len(own.processes["actor"]))
         self.call_overhead_s = profile.generation_overhead_s / (len(own.processes["env"]) + self.own_rollouts)
         """Starting and collecting one worker method of generation (a Ray call each way)."""
         measured = profile.phases
@@ -174,10 +176,8 @@ class StepModel:
             switches = DEFAULT_SWITCH_S * count
             if count:
                 assumptions.append(f"phase switches {DEFAULT_SWITCH_S * 1e3:.0f} ms each (the profile had none)")
-        own_share = self._samples_per_rank(Shape.from_dict(self.profile.config), self._own_actor_ranks())
-        advantages = (
-            self.fixed["advantages"] * self._samples_per_rank(shape, len(layout.processes["actor"])) / own_share
-        )
+        share = _samples_per_rank(shape, len(layout.processes["actor"])) / self.own_samples_per_rank
+        advantages = self.fixed["advantages"] * share
         phases = {
             "sync_weights": self.fixed["sync_weights"] * len(layout.processes["rollout"]) / self.own_rollouts,
             "switches": switches,
@@ -194,13 +194,6 @@ class StepModel:
         if any(r[0] == "gpu" for procs in layout.processes.values() for p in procs for r in p):
             assumptions.append("a GPU runs a unit of work as fast as the profiled device")
         return Prediction(step, phases, shape.total_num_envs * shape.num_steps / step, tuple(assumptions))
-
-    def _own_actor_ranks(self) -> int:
-        return len(self.profile.data["placement"]["components"]["actor"])
-
-    @staticmethod
-    def _samples_per_rank(shape: Shape, ranks: int) -> float:
-        return shape.total_num_envs * shape.num_steps / ranks
 
     def _generation_work(self, shape: Shape, layout: Layout, hop: float) -> tuple[list[Work], float]:
         """Each generation process's busy seconds in one env step, uncontended, and one stream's round trip."""
@@ -264,6 +257,10 @@ class StepModel:
         steps = shape.num_steps + 1
         both = [(p, seconds * steps) for p, seconds in per_step] + self._training_work(shape, layout, self.minibatch_s)
         return max(generation, training, busiest(both))
+
+
+def _samples_per_rank(shape: Shape, ranks: int) -> float:
+    return shape.total_num_envs * shape.num_steps / ranks
 
 
 def _switch_count(layout: Layout, offloadable: Mapping[str, bool]) -> int:
@@ -336,11 +333,15 @@ class Ranked:
         }
 
 
-def predict_run(cfg: EmbodiedConfig, placement: ComponentPlacement, profile_dir: str) -> tuple[StepModel, Prediction]:
-    """The run's predicted step from the profile in `profile_dir` (ProfileError if it cannot serve this run)."""
-    model = StepModel(load_profile(profile_dir, FAMILY, cfg.task.env_id))
+def load_model(profile_dir: str | Path, env_id: str) -> StepModel:
+    """The step model of the profile in `profile_dir`, for runs of `env_id` (ProfileError if it cannot serve them)."""
+    return StepModel(load_profile(profile_dir, FAMILY, env_id))
+
+
+def predict_run(model: StepModel, cfg: EmbodiedConfig, placement: ComponentPlacement) -> Prediction:
+    """The predicted step of the run `cfg`, placed as `placement`, on its own cluster."""
     layout = Layout.of(placement, cluster_cores(model, cfg))
-    return model, model.predict(Shape.of(cfg), layout, offloadable(cfg))
+    return model.predict(Shape.of(cfg), layout, offloadable(cfg))
 
 
 def offloadable(cfg: EmbodiedConfig) -> dict[str, bool]:

@@ -4,6 +4,7 @@ times the run itself recorded (metrics.jsonl, timeline.json), which calibrate wh
 
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
 from collections import defaultdict
@@ -80,9 +81,13 @@ def _generation_overhead(path: Path) -> float:
     events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
     phases = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == "generate_rollouts")
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] in GENERATION_SPANS)
+    starts = [start for start, _ in spans]
     gaps = []
     for start, end in phases[WARMUP_STEPS:] or phases:
-        inside = [(s, e) for s, e in spans if start <= s and e <= end]
+        # The spans that start in the phase (sorted by start: a slice), of which those that also end in it.
+        inside = [
+            (s, e) for s, e in spans[bisect.bisect_left(starts, start) : bisect.bisect_right(starts, end)] if e <= end
+        ]
         if inside:
             gaps.append((inside[0][0] - start + end - max(e for _, e in inside)) / 1e6)
     return statistics.median(gaps) if gaps else 0.0

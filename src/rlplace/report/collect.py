@@ -6,12 +6,14 @@ report can be made offline, later, or on another machine.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -186,9 +188,18 @@ def predicted_step(path: Path, profile: Path | None = None) -> tuple[float | Non
     if plan.family.name != "embodied":
         return None, None
     try:
-        return predict_run(plan.cfg, plan.placement, str(source))[1].step_s, str(source)
+        model = _step_model(str(source), plan.cfg.task.env_id)
     except ProfileError:
         return None, None
+    return predict_run(model, plan.cfg, plan.placement).step_s, str(source)
+
+
+@functools.cache
+def _step_model(source: str, env_id: str) -> Any:
+    """One step model per profile: the sweep's jobs share it (reading and calibrating it once, not per job)."""
+    from rlplace.embodied.planning import load_model
+
+    return load_model(source, env_id)
 
 
 def collect(multirun_dir: Path) -> list[JobResult]:
