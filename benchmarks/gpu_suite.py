@@ -103,37 +103,22 @@ def section_copy(s: Settings) -> list[Row]:
     ]
 
 
+QWEN_SHAPES = {
+    "0.5B": {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+             "num_attention_heads": 14, "max_position_embeddings": 32768, "rope_theta": 1e6, "eos": 151643},
+    "smoke": {"vocab_size": 4096, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "max_position_embeddings": 512, "eos": 0},
+}  # fmt: skip
+
+
 def qwen_config(smoke: bool):
-    """Qwen2.5-0.5B's shape (494 M parameters), or a small one for --smoke."""
+    """Qwen2.5-0.5B's shape (494 M parameters: 2 KV heads, tied embeddings), or a small one for --smoke."""
     from transformers import Qwen2Config
 
-    if smoke:
-        return Qwen2Config(
-            vocab_size=4096,
-            hidden_size=128,
-            intermediate_size=384,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            tie_word_embeddings=True,
-            eos_token_id=0,
-            pad_token_id=0,
-            bos_token_id=0,
-        )
+    shape = dict(QWEN_SHAPES["smoke" if smoke else "0.5B"])
+    eos = shape.pop("eos")
     return Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-        eos_token_id=151643,
-        pad_token_id=151643,
-        bos_token_id=151643,
+        **shape, num_key_value_heads=2, tie_word_embeddings=True, eos_token_id=eos, pad_token_id=eos, bos_token_id=eos
     )
 
 
