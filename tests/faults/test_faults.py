@@ -182,13 +182,16 @@ def test_a_killed_worker_is_named_at_once(shared_ray: None, tmp_path: Path) -> N
 @pytest.mark.slow
 def test_sigterm_finishes_the_step_writes_a_checkpoint_and_leaves_nothing_behind(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "rlplace.train", *TINY, "runner.max_steps=500", f"hydra.run.dir={tmp_path}"]
+    started = time.time()
     driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.monotonic() < deadline:
         time.sleep(0.2)
     processes = psutil.Process(driver.pid).children(recursive=True)
-    session = list(RAY_TEMP.glob(f"session_*_{driver.pid}"))  # Ray names a session after the process that started it
+    # Ray names a session after the process that started it; a folder of an earlier process with the same pid (pids
+    # are reused on a long-lived machine) is older than this driver.
+    session = [p for p in RAY_TEMP.glob(f"session_*_{driver.pid}") if p.stat().st_mtime >= started]
     assert len(session) == 1
     driver.send_signal(signal.SIGTERM)
     out, err = driver.communicate(timeout=120)
