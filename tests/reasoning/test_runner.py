@@ -13,18 +13,12 @@ and one of them through the CLI.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import logging
-import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,24 +31,11 @@ from rlplace.families import resolve
 from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError
 from rlplace.reasoning.launch import check_checkpoint, checkpoint_identity
-from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm
+from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.train import train
+from tests.reasoning.runs import TINY, Run, command, compared, published, same, start
 
 VLLM = importlib.util.find_spec("vllm") is not None
-TINY = [
-    "task.min_digits=1",
-    "task.max_digits=1",
-    "task.operations=+",
-    "task.eval_size=16",
-    "task.prompts_per_step=4",
-    "algorithm.group_size=4",
-    "algorithm.num_minibatches=2",
-    "rollout.micro_batch_prompts=2",
-    "rollout.max_new_tokens=4",
-    "runner.max_steps=2",
-    "runner.eval_interval=1",
-    "logger=jsonl",
-]
 RUNS = {
     # Every component on one device (of one core), taking turns: the actor and rollout offload while the others work.
     # PPO: its critic's GAE advantages are not all 0 even when every reward is (an untrained model answers nothing
@@ -81,61 +62,6 @@ RUNS = {
 NICENESS = {"disaggregated": 10}
 """The disaggregated run yields the cores to the collocated one, whose first checkpoint starts the resumed run: that
 chain, not the disaggregated run, is what the module's end-to-end tests wait for longest."""
-TIMEOUT_S = 300
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_lm(tmp_path_factory.mktemp("tiny_lm"), TinyLMShape(num_layers=1, hidden_size=64))
-
-
-def command(run_dir: Path, model_path: Path, *overrides: str) -> list[str]:
-    """`rlplace-train` on the tiny settings; `overrides` come last (a later `experiment=` replaces the first)."""
-    return [
-        sys.executable,
-        "-m",
-        "rlplace.train",
-        "experiment=arithmetic_grpo",
-        *TINY,
-        f"model.path={model_path}",
-        f"hydra.run.dir={run_dir}",
-        *overrides,
-    ]
-
-
-@dataclass
-class Run:
-    """A training subprocess writing its output into its run folder."""
-
-    run_dir: Path
-    process: subprocess.Popen[bytes]
-    stdout: str = ""
-    stderr: str = ""
-
-    def finished(self) -> Run:
-        """Wait for it; it must have succeeded."""
-        if self.process.returncode is None:
-            try:
-                self.process.wait(timeout=TIMEOUT_S)
-            finally:
-                self.stop()  # no-op once it exited
-            self.stdout = (self.run_dir / "stdout.txt").read_text()
-            self.stderr = (self.run_dir / "stderr.txt").read_text()
-        assert self.process.returncode == 0, self.stdout[-3000:] + self.stderr[-3000:]
-        return self
-
-    def stop(self) -> None:
-        """Interrupt it if it still runs, so that it shuts its Ray down (a kill would leave Ray's processes)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def metrics(self) -> list[dict[str, float]]:
-        return [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def selected_variants(session: pytest.Session) -> set[str]:
@@ -159,42 +85,10 @@ def runs(
         if variant not in wanted:
             continue
         run_dir = tmp_path_factory.mktemp(variant)
-        with (run_dir / "stdout.txt").open("wb") as out, (run_dir / "stderr.txt").open("wb") as err:
-            nice = functools.partial(os.nice, NICENESS.get(variant, 0))
-            process = subprocess.Popen(
-                command(run_dir, model_path, *overrides), stdout=out, stderr=err, preexec_fn=nice
-            )
-        started[variant] = Run(run_dir, process)
+        started[variant] = start(run_dir, model_path, *overrides, niceness=NICENESS.get(variant, 0))
     yield started
     for run in started.values():
         run.stop()
-
-
-def published(run: Run, folder: Path) -> Path:
-    """`folder` of a running run once it exists (a checkpoint appears whole, by a rename)."""
-    deadline = time.monotonic() + TIMEOUT_S
-    while not folder.is_dir() and run.process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if not folder.is_dir():
-        run.finished()  # fails with its output if it failed
-    assert folder.is_dir()
-    return folder
-
-
-def same(a: object, b: object) -> bool:
-    """Deep equality of checkpoint contents, tensors bit for bit."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
-    if isinstance(a, list | tuple):
-        return isinstance(b, list | tuple) and len(a) == len(b) and all(map(same, a, b))
-    return a == b
-
-
-def compared(row: dict[str, float]) -> dict[str, float]:
-    """The metrics a resumed run must reproduce exactly (times and throughputs differ from run to run)."""
-    return {key: value for key, value in row.items() if key.startswith(("train/", "rollout/", "eval/"))}
 
 
 # First of the end-to-end tests, so that it resumes while the others still run. The resumed run goes through
@@ -346,7 +240,7 @@ ARITHMETIC_GROUPS = ["task=arithmetic", "model=tiny_lm", "placement=reasoning_co
             ConfigError,
             r"cluster.component_placement.rollout: this placement preset asks for devices \[0, 1/4\)",
         ),
-        (["runner.max_staleness=1"], ConfigError, r"runner.max_staleness = 1 is not available for reasoning tasks"),
+        (["runner.max_staleness=-1"], ConfigError, r"runner.max_staleness = -1 is invalid"),
         (["runner.profile=true"], ConfigError, r"runner.profile = true is not available for reasoning tasks"),
     ],
 )

@@ -1,14 +1,17 @@
-"""What both runners share: the phase switch plan, channels opened for a run, and the per-step timeline.
+"""What both runners share: the phase switch plan, the asynchronous schedule, channels opened for a run, and the
+per-step timeline.
 
 A step is a fixed sequence of phases, each with the components that hold device memory in it. When components
 share devices, the idle ones make room: `switch_plan` decides once, from the placement and each component's
 `enable_offload`, which groups to offload and onload before each phase, so the runner's phase methods do only their
-phase. `open_channels` creates the queues of a run and closes them after; the runner passes them to the worker
-methods that use them, so who talks to whom reads off the runner's calls.
+phase. `AsyncSchedule` says which steps' rollouts each training step generates with runner.max_staleness = K, and
+whether generation may run beside training. `open_channels` creates the queues of a run and closes them after; the
+runner passes them to the worker methods that use them, so who talks to whom reads off the runner's calls.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +22,12 @@ from rlplace.placement import ComponentPlacement
 from rlplace.scheduler import Channel, WorkerGroup, wait_all
 
 C = TypeVar("C")
+
+log = logging.getLogger(__name__)
+
+TRAINING_SPANS = ("advantages", "training")
+"""The actor's spans that `time/overlap` counts: training beside generation, not the weight sync its receivers
+share with it in every placement."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,50 @@ class PhaseSwitcher:
             if names:
                 with self.timer.phase(action):
                     wait_all(*(getattr(self.groups[name], action)() for name in names))
+
+
+@dataclass(frozen=True)
+class AsyncSchedule:
+    """Which rollouts each training step generates with K = runner.max_staleness, so that the batch of step t always
+    comes from weights max(0, t - K), whatever the timing.
+
+    K = 0 is synchronous: step t generates its own batch, then trains on it. K > 0: step 0 first generates the
+    batches of steps 0..K-1 with the initial weights; then every step t gets v(t) to the generators and generates
+    step t + K with it while (or, sharing devices, before) the actor trains on step t's batch, queued K steps earlier.
+    The last K steps generate nothing.
+    """
+
+    max_staleness: int
+    max_steps: int
+    overlap: bool
+    """Whether generation runs beside training: the trainer's devices are its own."""
+
+    @classmethod
+    def of(cls, placement: ComponentPlacement, max_staleness: int, max_steps: int, trainer: str) -> AsyncSchedule:
+        """The schedule of a run whose `trainer` group trains while every other component generates; logs once when
+        K > 0 cannot overlap here."""
+        others = {d for name in placement.components if name != trainer for d in placement.devices_of(name)}
+        overlap = not set(placement.devices_of(trainer)) & others
+        if max_staleness and not overlap:
+            log.info(
+                f"rlplace: runner.max_staleness={max_staleness}: the {trainer} shares devices with the components "
+                f"that generate, so generation and training take turns (give the {trainer} devices of its own to "
+                "overlap)"
+            )
+        return cls(max_staleness, max_steps, overlap)
+
+    def before_training(self, step: int) -> list[int]:
+        """The steps whose rollouts are generated before the actor trains on `step`: that step when synchronous, the
+        first K steps at step 0 of a run with K > 0 (all with the initial weights), else none."""
+        if self.max_staleness == 0:
+            return [step]
+        return list(range(min(self.max_staleness, self.max_steps))) if step == 0 else []
+
+    def ahead(self, step: int) -> int | None:
+        """The step whose rollouts are generated with the weights of `step` beside (or before) its training: step + K,
+        None when synchronous or past the last step."""
+        ahead = step + self.max_staleness
+        return ahead if self.max_staleness and ahead < self.max_steps else None
 
 
 @contextmanager

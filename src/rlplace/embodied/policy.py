@@ -91,15 +91,21 @@ class MLPActorCritic(nn.Module):
 
     def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """logprob [n], entropy [n] and value [n] of given actions, with gradients, for the PPO update."""
-        out = self.actor(obs)
+        logprob, entropy = self._logprob_entropy(self.actor(obs), action)
+        return logprob, entropy, self.value(obs)
+
+    def logprob(self, obs: Tensor, action: Tensor) -> Tensor:
+        """logprob [n] of given actions, the actor's alone: what the proximal policy of an asynchronous update needs,
+        over a whole batch, at half the cost of `evaluate` (no critic)."""
+        return self._logprob_entropy(self.actor(obs), action)[0]
+
+    def _logprob_entropy(self, out: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         if self.action_spec.discrete:
             log_probs = torch.log_softmax(out, dim=-1)
             logprob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-            entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
-        else:
-            logprob = self._gaussian_logprob(out, action)
-            entropy = (0.5 + _HALF_LOG_2PI + self.log_std).sum().expand(out.shape[0])
-        return logprob, entropy, self.value(obs)
+            return logprob, -(log_probs.exp() * log_probs).sum(dim=-1)
+        entropy = (0.5 + _HALF_LOG_2PI + self.log_std).sum().expand(out.shape[0])
+        return self._gaussian_logprob(out, action), entropy
 
     def value(self, obs: Tensor) -> Tensor:
         """V(obs), [n]."""

@@ -39,8 +39,7 @@ def proximal_logprobs(model: MLPActorCritic, obs: Tensor, actions: Tensor) -> Te
 
     The actor calls it once over its shard right before `ppo_update`, so every minibatch step of the update clips
     against the same policy, whatever policy version generated the rollouts."""
-    logprob, _, _ = model.evaluate(obs, actions)
-    return logprob
+    return model.logprob(obs, actions)
 
 
 def ppo_update(

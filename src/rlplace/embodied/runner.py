@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from rlplace.core import checkpoint, preemption
-from rlplace.core.runner import PhaseSwitcher, collect_spans, open_channels, placement_timeline
+from rlplace.core.runner import (
+    TRAINING_SPANS,
+    AsyncSchedule,
+    PhaseSwitcher,
+    collect_spans,
+    open_channels,
+    placement_timeline,
+)
 from rlplace.core.watchdog import HangDeadline
 from rlplace.embodied import profile
 from rlplace.embodied.config import COMPONENTS, FAMILY, EmbodiedConfig
@@ -99,15 +106,7 @@ class EmbodiedRunner:
         self.training_window: tuple[float, float] | None = None
         """When training ran beside generation this step: the window in which the actor's busy time is its
         time/training (the driver cannot time a phase it does not wait on alone)."""
-        actor_devices = set(placement.devices_of("actor"))
-        self.overlap = not actor_devices & (set(placement.devices_of("env")) | set(placement.devices_of("rollout")))
-        """Whether generation and training can run side by side (runner.max_staleness > 0): the actor's devices are
-        its own."""
-        if cfg.runner.max_staleness and not self.overlap:
-            log.info(
-                f"rlplace: runner.max_staleness={cfg.runner.max_staleness}: the actor shares devices with env or "
-                "rollout here, so generation and training take turns (give the actor devices of its own to overlap)"
-            )
+        self.schedule = AsyncSchedule.of(placement, cfg.runner.max_staleness, cfg.runner.max_steps, trainer="actor")
 
     def init_workers(self) -> None:
         """Restore from `runner.resume` if it names a checkpoint; start with the actor's weights on its devices."""
@@ -183,18 +182,17 @@ class EmbodiedRunner:
         where it shares them. Either way the batch of step t comes from weights max(0, t - K), whatever the timing.
         """
         t0 = time.time()
-        k = self.cfg.runner.max_staleness
         episodes: list[EpisodeStats] = []
         env_steps = 0
         with self.timer.phase("step"):
             self.switcher.before("sync_weights")
             self.update_rollout_weights()
-            for generated in self.generated_before_training(step):
+            for generated in self.schedule.before_training(step):
                 self.switcher.before("generate_rollouts")
                 found, served = self.generate_rollouts(generated, step, channels)
                 episodes, env_steps = episodes + found, env_steps + served
-            ahead = step + k if k and step + k < self.cfg.runner.max_steps else None
-            if ahead is not None and self.overlap:
+            ahead = self.schedule.ahead(step)
+            if ahead is not None and self.schedule.overlap:
                 found, served, train_stats = self.generate_while_training(ahead, step, channels)
             else:
                 if ahead is not None:
@@ -206,14 +204,6 @@ class EmbodiedRunner:
             if ahead is not None:
                 episodes, env_steps = episodes + found, env_steps + served
         return self.record(t0, episodes, env_steps, train_stats)
-
-    def generated_before_training(self, step: int) -> list[int]:
-        """The steps whose rollouts are generated before the actor trains on `step`: that step when synchronous,
-        the first K steps at step 0 of a run with K > 0 (all with the initial weights), else none."""
-        k = self.cfg.runner.max_staleness
-        if k == 0:
-            return [step]
-        return list(range(min(k, self.cfg.runner.max_steps))) if step == 0 else []
 
     def update_rollout_weights(self) -> None:
         with self.timer.phase("sync_weights"):
@@ -273,7 +263,9 @@ class EmbodiedRunner:
             metrics["time/training"] = self.timeline.busy_seconds("actor", *self.training_window)
             self.training_window = None
         if self.cfg.runner.max_staleness:
-            metrics["time/overlap"] = self.timeline.overlap("actor", ("env", "rollout"), t0, t1)
+            metrics["time/overlap"] = self.timeline.overlap(
+                "actor", ("env", "rollout"), t0, t1, spans_of_a=TRAINING_SPANS
+            )
         metrics.update(throughput_metrics(metrics["time/step"], self.placement.num_devices, env_steps=env_steps))
         metrics.update(self.timeline.utilization(t0, t1))
         metrics.update(train)

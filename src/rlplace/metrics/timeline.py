@@ -116,6 +116,8 @@ class Timeline:
         self._spans: list[Span] = []
         self._by_device: dict[int, list[Interval]] = {d: [] for d in self.device_ids}
         self._by_group: dict[str, list[Interval]] = {}
+        self._by_name: dict[tuple[str, str], list[Interval]] = {}
+        """(group, span name) -> its intervals."""
         self._threads: dict[tuple[int, str, int], int] = {}
         """(row, group, rank) -> thread id in the trace."""
         self._events: list[str] = []
@@ -135,6 +137,7 @@ class Timeline:
         for device in self.devices_of(record["group"], record["rank"]):
             self._by_device[device].append(interval)
         self._by_group.setdefault(record["group"], []).append(interval)
+        self._by_name.setdefault((record["group"], record["name"]), []).append(interval)
         self._events.extend(self._encode_span(record))
 
     def extend(self, spans: Iterable[Mapping[str, Any]]) -> None:
@@ -157,15 +160,31 @@ class Timeline:
         _check_window(t0, t1)
         return total_length(merge_intervals(self._by_group.get(group, []), t0, t1))
 
-    def overlap(self, a: str | Sequence[str], b: str | Sequence[str], t0: float, t1: float) -> float:
+    def overlap(
+        self,
+        a: str | Sequence[str],
+        b: str | Sequence[str],
+        t0: float,
+        t1: float,
+        *,
+        spans_of_a: Sequence[str] | None = None,
+    ) -> float:
         """Seconds of [t0, t1] during which some rank of group(s) `a` and some rank of group(s) `b` were both busy:
-        > 0 means they pipelined (env and rollout), or that training ran beside generation (actor; env, rollout)."""
+        > 0 means they pipelined (env and rollout), or that training ran beside generation (actor; env, rollout).
+        `spans_of_a` counts only those spans of `a` (the actor's training, not its weight sync, which its receivers
+        share with it in every placement)."""
         _check_window(t0, t1)
-        return intersection_length(self._busy(a, t0, t1), self._busy(b, t0, t1))
+        return intersection_length(self._busy(a, t0, t1, spans_of_a), self._busy(b, t0, t1))
 
-    def _busy(self, groups: str | Sequence[str], t0: float, t1: float) -> list[Interval]:
+    def _busy(
+        self, groups: str | Sequence[str], t0: float, t1: float, spans: Sequence[str] | None = None
+    ) -> list[Interval]:
         names = (groups,) if isinstance(groups, str) else groups
-        return merge_intervals((i for name in names for i in self._by_group.get(name, [])), t0, t1)
+        if spans is None:
+            intervals = (i for name in names for i in self._by_group.get(name, []))
+        else:
+            intervals = (i for name in names for span in spans for i in self._by_name.get((name, span), []))
+        return merge_intervals(intervals, t0, t1)
 
     def row_labels(self) -> dict[int, str]:
         """Trace row (pid) -> its name, naming who works there: "device 0: actor, env" (components in the order of

@@ -34,11 +34,14 @@ class SequenceBatch:
     rewards: Tensor | None = None
     """[B] verifier rewards (filled by the reward worker)."""
     old_logprobs: Tensor | None = None
-    """[B, T] log-probs of the responses under the weights that generated them (inference worker)."""
+    """[B, T] log-probs of the responses under the weights that generated them (inference worker); the actor
+    replaces them by its own before an asynchronous update (`LLMActorWorker.compute_advantages`)."""
     ref_logprobs: Tensor | None = None
     """[B, T] log-probs under the reference (initial) model, when algorithm.kl_coef > 0 (inference worker)."""
     meta: dict[str, float] = field(default_factory=dict)
     """Per-micro-batch measurements on its way (e.g. generation seconds), summed by the runner."""
+    version: int = 0
+    """The weight version that generated it (older than the actor's with runner.max_staleness > 0)."""
 
     @property
     def input_ids(self) -> Tensor:
@@ -63,6 +66,7 @@ class SequenceBatch:
 
         merged: dict[str, object] = {
             "index": parts[0].index,
+            "version": parts[0].version,  # one step's micro-batches, all from one version
             "prompts": torch.cat([left_pad(p.prompts, 0) for p in parts]),
             "prompt_mask": torch.cat([left_pad(p.prompt_mask, 0) for p in parts]),
             "answers": [a for p in parts for a in p.answers],

@@ -14,15 +14,10 @@ from rlplace.reasoning.models.hf_folder import check_model_folder
 
 
 def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None:
-    """No runner option built for embodied tasks only (max_staleness, profile); micro-batches divide the prompts and
+    """No runner option built for embodied tasks only (profile); micro-batches divide the prompts and
     the actor ranks; each rank has enough responses for its minibatches; the model folder and the vLLM install exist
     when asked for."""
     task, rollout = cfg.task, cfg.rollout
-    if cfg.runner.max_staleness:
-        raise ConfigError(
-            f"runner.max_staleness = {cfg.runner.max_staleness} is not available for reasoning tasks yet "
-            "(asynchronous training is built for embodied tasks; valid here: 0)"
-        )
     if cfg.runner.profile:
         raise ConfigError(
             "runner.profile = true is not available for reasoning tasks yet (profiles are measured for embodied "

@@ -96,14 +96,19 @@ def train(
 
 def checkpoint_identity(cfg: ReasoningConfig, model_path: Path) -> dict[str, Any]:
     """What a checkpoint must share with the run that resumes it: the prompts per step (which prompts and sample
-    ids each step draws), the algorithm (whether there is a critic to restore) and the model's shapes (the saved
-    weights must fit)."""
+    ids each step draws), the algorithm (whether there is a critic to restore), the model's shapes (the saved
+    weights must fit) and the staleness K (the checkpoint holds the K steps' micro-batches generated ahead, cut
+    into micro-batches of its rollout.micro_batch_prompts)."""
     model = json.loads((model_path / "config.json").read_text())
-    return {
+    identity = {
         "task.prompts_per_step": cfg.task.prompts_per_step,
         "algorithm.name": cfg.algorithm.name,
         **{f"the model's {key}": model.get(key) for key in MODEL_SHAPE_KEYS},
+        "runner.max_staleness": cfg.runner.max_staleness,
     }
+    if cfg.runner.max_staleness:
+        identity["rollout.micro_batch_prompts"] = cfg.rollout.micro_batch_prompts
+    return identity
 
 
 def check_checkpoint(cfg: ReasoningConfig, folder: Path) -> None:
@@ -113,8 +118,8 @@ def check_checkpoint(cfg: ReasoningConfig, folder: Path) -> None:
 
 
 def run_labels(cfg: ReasoningConfig) -> dict[str, Any]:
-    """What tells this run apart from others of a sweep besides its mode: nothing yet (no pipeline stages)."""
-    return {}
+    """What tells this run apart from others of a sweep besides its mode: its staleness K (no pipeline stages)."""
+    return {"staleness": cfg.runner.max_staleness}
 
 
 def summary(cfg: ReasoningConfig, mode: str, final: dict[str, float], run_dir: Path) -> tuple[str, float]:

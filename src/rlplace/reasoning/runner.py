@@ -9,15 +9,20 @@ Each step:
   3. compute_advantages       on the actor ranks (GRPO group norm, REINFORCE++, or GAE with the critic)
   4. run_training             policy (and critic) update, data-parallel over actor ranks
   5. record                   time/*, throughput/*, util/*, train/*, rollout/*, eval/* -> metrics.jsonl, logger
+With runner.max_staleness = K > 0 step t trains on the micro-batches generated K steps earlier, with weights
+max(0, t - K), and meanwhile generates those of step t + K with its own (`core.runner.AsyncSchedule`): beside the
+training where the actor's devices are its own, before it otherwise. rollout/* describe the batch trained on,
+throughput/* the tokens generated during the step.
 Before each phase the switch plan offloads the idle components that share devices with the working ones and onloads
 the working ones (`core.runner.PhaseSwitcher`). Greedy accuracy on the held-out split is measured before the first
 step, every `runner.eval_interval` steps and after the last; the trained policy is written as a Hugging Face folder
 at the end.
 
-Checkpoints (every `runner.save_interval` steps and after the last) hold the actor's state and the loop's counters,
-and nothing of the other groups: their weights are the actor's, broadcast at the start of every step; prompts are
-a pure function of (task.data_seed, step) and sampling noise of (runner.seed, sample id), so a run resumed from
-step k generates, scores and trains exactly as the uninterrupted one did from step k.
+Checkpoints (every `runner.save_interval` steps and after the last) hold the actor's state, the micro-batches it has
+not trained on yet (K > 0) and the loop's counters, and nothing of the other groups: their weights are the actor's,
+broadcast at the start of every step; prompts are a pure function of (task.data_seed, step) and sampling noise of
+(runner.seed, sample id), so a run resumed from step k generates, scores and trains exactly as the uninterrupted
+one did from step k.
 """
 
 from __future__ import annotations
@@ -26,16 +31,24 @@ import json
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from rlplace.core import checkpoint, preemption
-from rlplace.core.runner import PhaseSwitcher, collect_spans, open_channels, placement_timeline
+from rlplace.core.runner import (
+    TRAINING_SPANS,
+    AsyncSchedule,
+    PhaseSwitcher,
+    collect_spans,
+    open_channels,
+    placement_timeline,
+)
 from rlplace.core.watchdog import HangDeadline
 from rlplace.metrics import MetricLogger, PhaseTimer, TrainingProgress, throughput_metrics
 from rlplace.placement import ComponentPlacement
 from rlplace.reasoning.config import COMPONENTS, FAMILY, ReasoningConfig
-from rlplace.scheduler import Channel, WorkerGroup, wait_all
+from rlplace.scheduler import Channel, GroupFuture, WorkerGroup, wait_all
 
 PHASES = (
     ("sync_weights", frozenset({"actor", "rollout", "inference"})),
@@ -99,6 +112,10 @@ class ReasoningRunner:
         self.start_step = 0
         self.identity = identity
         self.checkpoint_root = run_dir / checkpoint.FOLDER
+        self.schedule = AsyncSchedule.of(placement, cfg.runner.max_staleness, cfg.runner.max_steps, trainer="actor")
+        self.training_window: tuple[float, float] | None = None
+        """When training ran beside generation this step: the window in which the actor's busy time is its
+        time/training (the driver cannot time a phase it does not wait on alone)."""
 
     def init_workers(self) -> None:
         """Restore from `runner.resume` if it names a checkpoint: the actor's state, the weight version and the
@@ -166,17 +183,28 @@ class ReasoningRunner:
         return accuracy
 
     def step(self, step: int, channels: Channels) -> dict[str, float]:
-        """One synchronous step: responses come only from the weights of the previous `step` updates."""
+        """One training step, with K = runner.max_staleness: the batch trained on comes from the weights of
+        max(0, step - K) updates, whatever the timing (`AsyncSchedule`)."""
         t0 = time.time()
+        generated: list[dict[str, float]] = []
         with self.timer.phase("step"):
             self.switcher.before("sync_weights")
             self.update_rollout_weights()
-            self.switcher.before("generate_rollouts")
-            rollout_stats = self.generate_rollouts(step, channels)
-            self.switcher.before("training")
-            self.compute_advantages()
-            train_stats = self.run_training(step)
-        return self.record(t0, rollout_stats, train_stats)
+            for early in self.schedule.before_training(step):
+                self.switcher.before("generate_rollouts")
+                generated.append(self.generate_rollouts(early, channels))
+            ahead = self.schedule.ahead(step)
+            if ahead is not None and self.schedule.overlap:
+                made, batch_stats, train_stats = self.generate_while_training(ahead, step, channels)
+                generated.append(made)
+            else:
+                if ahead is not None:
+                    self.switcher.before("generate_rollouts")
+                    generated.append(self.generate_rollouts(ahead, channels))
+                self.switcher.before("training")
+                batch_stats = self.compute_advantages()
+                train_stats = self.run_training(step)
+        return self.record(t0, generated, batch_stats, train_stats)
 
     def update_rollout_weights(self) -> None:
         with self.timer.phase("sync_weights"):
@@ -185,46 +213,83 @@ class ReasoningRunner:
             )
         self.version = versions[0]
 
-    def generate_rollouts(self, step: int, channels: Channels) -> dict[str, float]:
-        """Micro-batches flow rollout -> reward -> inference -> actor; returns sums of the actor's per-rank stats."""
+    def _stages(self, step: int, channels: Channels) -> list[Callable[[], GroupFuture]]:
+        """The calls that generate, score and pass on the micro-batches of `step` with weights `self.version`, in
+        pipeline order."""
         m, c = self.num_micro_batches, channels
-        stages = (
+        return [
             lambda: self.rollout.generate(step, self.version, c.generated),
             lambda: self.reward.compute_rewards(m, c.generated, c.scored),
             lambda: self.inference.compute_logprobs(m, c.scored, c.ready),
             lambda: self.actor.recv_batch(m, c.ready),
-        )
+        ]
+
+    def generate_rollouts(self, step: int, channels: Channels) -> dict[str, float]:
+        """Micro-batches of `step` flow rollout -> reward -> inference -> actor; returns the sums of what the actor
+        ranks received (response tokens, generation seconds)."""
+        stages = self._stages(step, channels)
         with self.timer.phase("generate_rollouts"):
             if self.pipelined:
                 *_, received = wait_all(*(stage() for stage in stages))
             else:
                 *_, received = [stage().wait() for stage in stages]
-        return {key: sum(part[key] for part in received) for key in received[0]}
+        return _summed(received)
 
-    def compute_advantages(self) -> None:
+    def generate_while_training(
+        self, ahead: int, step: int, channels: Channels
+    ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """The micro-batches of step `ahead`, generated with weights `step` while the actor trains on the batch of
+        `step` and then takes in the new one. Returns what `generate_rollouts`, `compute_advantages` and
+        `run_training` do."""
+        start = self.timer.now()
+        *generating, received = self._stages(ahead, channels)
+        started = [stage() for stage in generating]
+        advantages = self.actor.compute_advantages()
+        trained = self.actor.run_training(step)
+        made = received()  # after the training calls: the actor's calls run in the order they were made
+        wait_all(*started)
+        self.timer.add("generate_rollouts", start, self.timer.now())
+        batch_stats, per_rank, parts = wait_all(advantages, trained, made)
+        self.training_window = (start, self.timer.now())
+        self.version += 1
+        return _summed(parts), _summed(batch_stats), _averaged(per_rank)
+
+    def compute_advantages(self) -> dict[str, float]:
         with self.timer.phase("advantages"):
-            self.actor.compute_advantages().wait()
+            return _summed(self.actor.compute_advantages().wait())
 
     def run_training(self, step: int) -> dict[str, float]:
         with self.timer.phase("training"):
             per_rank = self.actor.run_training(step).wait()
         self.version += 1  # the actor's weights have had one more update (a checkpoint records this version)
-        return {key: statistics.fmean(stats[key] for stats in per_rank) for key in per_rank[0]}
+        return _averaged(per_rank)
 
-    def record(self, t0: float, rollout: dict[str, float], train: dict[str, float]) -> dict[str, float]:
+    def record(
+        self, t0: float, generated: list[dict[str, float]], batch: dict[str, float], train: dict[str, float]
+    ) -> dict[str, float]:
+        """The step's metrics: rollout/* of the batch trained on (`batch`), throughput/* of the tokens generated
+        during the step (`generated`: none in the last K steps of an asynchronous run)."""
         t1 = time.time()
         metrics = self.timer.step_metrics()
         collect_spans(self.timer, self.timeline, (self.actor, self.rollout, self.reward, self.inference))
         for name in ("rollout", "reward", "inference"):
             metrics[f"time/{name}"] = self.timeline.busy_seconds(name, t0, t1)
-        tokens = rollout["response_tokens"]
+        if self.training_window is not None:
+            metrics["time/training"] = self.timeline.busy_seconds("actor", *self.training_window)
+            self.training_window = None
+        if self.cfg.runner.max_staleness:
+            metrics["time/overlap"] = self.timeline.overlap(
+                "actor", ("rollout", "reward", "inference"), t0, t1, spans_of_a=TRAINING_SPANS
+            )
+        tokens = sum(made["response_tokens"] for made in generated)
         metrics.update(throughput_metrics(metrics["time/step"], self.placement.num_devices, tokens=tokens))
-        metrics["throughput/generation_tokens_per_s"] = tokens / rollout["generate_seconds"]
+        if generated:
+            metrics["throughput/generation_tokens_per_s"] = tokens / sum(m["generate_seconds"] for m in generated)
         metrics.update(self.timeline.utilization(t0, t1))
         metrics.update(train)
-        metrics["rollout/reward"] = rollout["reward_sum"] / rollout["rows"]
-        metrics["rollout/response_length"] = tokens / rollout["rows"]
-        metrics["rollout/response_tokens"] = tokens
+        metrics["rollout/reward"] = batch["reward_sum"] / batch["rows"]
+        metrics["rollout/response_length"] = batch["response_tokens"] / batch["rows"]
+        metrics["rollout/response_tokens"] = batch["response_tokens"]
         return metrics
 
     def save_checkpoint(self, step: int) -> Path:
@@ -242,3 +307,12 @@ class ReasoningRunner:
             }
             (tmp / checkpoint.STATE_FILE).write_text(json.dumps(state))
             return checkpoint.commit(tmp)
+
+
+def _summed(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    return {key: sum(part[key] for part in per_rank) for key in per_rank[0]}
+
+
+def _averaged(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """train/* stats: every rank's are the same up to float order."""
+    return {key: statistics.fmean(stats[key] for stats in per_rank) for key in per_rank[0]}

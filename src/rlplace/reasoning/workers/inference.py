@@ -3,7 +3,9 @@
 The old log-probs are recomputed here with the training model's own forward pass rather than taken from the
 engine (vLLM's kernels differ from training's in the last bits), so the PPO ratio starts at exactly 1 for the
 current weights. The reference model is the starting checkpoint, frozen; it is loaded only when
-`algorithm.kl_coef > 0`. The policy copy receives the actor's weights each step, as the rollout does.
+`algorithm.kl_coef > 0`. The policy copy receives the actor's weights each step, as the rollout does, so its
+log-probs are always those of the weights that generated the responses: with runner.max_staleness > 0 they are the
+behaviour policy's, which the actor weighs its update by.
 """
 
 from __future__ import annotations

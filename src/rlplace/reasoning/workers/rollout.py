@@ -70,6 +70,7 @@ class LLMRolloutWorker(Worker):
             with self.span("rollout_generate"):
                 batch = self._generate(m, rows, sample_ids, cfg.rollout.temperature)
             batch.meta["generate_seconds"] = time.perf_counter() - start
+            batch.version = version
             out.put(batch, key=consumer_key("reward", m, self.reward_world_size))
         return len(mine)
 
