@@ -31,6 +31,11 @@ class Producer(Worker):
         with pytest.raises(ChannelTimeout):
             channel.get(key=key, timeout=0.05)
 
+    def put_arrays(self, channel: Channel, key: int, count: int, nbytes: int) -> None:
+        """Put `count` arrays of `nbytes` each, the i-th filled with i."""
+        for i in range(count):
+            channel.put(np.full(nbytes, i, dtype=np.uint8), key=key, timeout=30)
+
     def put_then_die(self, channel: Channel, key: int) -> None:
         channel.put(1.0, key=key, timeout=30)
         os._exit(1)
@@ -50,6 +55,10 @@ class Consumer(Worker):
             return channel.get(key=self.rank, timeout=timeout)
         except ChannelTimeout:
             return None
+
+    def take_arrays(self, channel: Channel, count: int) -> list[tuple[int, int]]:
+        """(first value, size) of `count` arrays of this rank's key."""
+        return [(int(a[0]), a.size) for a in (channel.get(key=self.rank, timeout=30) for _ in range(count))]
 
     def take_two(self, channel: Channel) -> list[float]:
         return [channel.get(key=self.rank, timeout=30) for _ in range(2)]
@@ -147,6 +156,16 @@ def test_a_bounded_key_holds_the_writer_until_the_reader_takes(groups: tuple[Wor
     assert consumer.take(channel, 5.0).wait(timeout=30) == [1.0, None]
     blocked.wait(timeout=30)
     assert consumer.take(channel, 0.1).wait(timeout=30) == [2.0, None]
+
+
+def test_a_writer_of_large_items_never_waits_for_a_busy_reader(groups: tuple[WorkerGroup, WorkerGroup]) -> None:
+    """Far more than a socket's buffer, put while the reader is in no channel call (as when the actor trains while
+    the rollout hands over a step's trajectories): each large item travels as a memory file, so the puts return."""
+    producer, consumer = groups
+    channel = Channel.create("bulk")
+    assert consumer.take(channel, 0.1).wait(timeout=30) == [None, None]  # rank r reads key r from now on
+    producer.put_arrays(channel, 0, 16, 1 << 20).wait(timeout=30)  # 16 MB; the reader reads nothing meanwhile
+    assert consumer.execute_on(0).take_arrays(channel, 16).wait(timeout=30) == [[(i, 1 << 20) for i in range(16)]]
 
 
 def test_ping_pong_between_two_workers_and_the_driver(groups: tuple[WorkerGroup, WorkerGroup]) -> None:
