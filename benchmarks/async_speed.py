@@ -1,14 +1,15 @@
 """Asynchronous training's speed: the same run with runner.max_staleness = 0 (synchronous) and 1 (one step off).
 
-The placement gives the actor a device of its own (`cluster=local`: env and rollout on device 0, the actor on
-device 1), the one where generation and training can run side by side, on the HalfCheetah pipeline preset, where
-both take a sizeable part of a step. Runs alternate (K = 0, K = 1, K = 0, ...) so that machine noise falls on both
-alike; each run's figures are medians over its steps after 2 warm-up steps, leaving out the last (with K = 1 it
-generates nothing: no step is ahead of it). Prints, per run, the step, generation and training times; for K = 1 its
-step over max(generation, training) (1.0 = perfect overlap) and the overlap seconds per step; and the speedup of
-K = 1's step over K = 0's.
+The placement gives the actor a device of its own (`cluster=local`: the generating components on device 0, the actor
+on device 1), the one where generation and training can run side by side. `--task halfcheetah` (the default) runs
+the HalfCheetah pipeline preset, where both take a sizeable part of a step; `--task arithmetic` the GRPO preset with
+rollout, reward and inference on device 0 (evaluated only before the first step and after the last). Runs alternate
+(K = 0, K = 1, K = 0, ...) so that machine noise falls on both alike; each run's figures are medians over its steps
+after 2 warm-up steps, leaving out the last (with K = 1 it generates nothing: no step is ahead of it). Prints, per
+run, the step, generation and training times; for K = 1 its step over max(generation, training) (1.0 = perfect
+overlap) and the overlap seconds per step; and the speedup of K = 1's step over K = 0's.
 
-    .venv/bin/python benchmarks/async_speed.py [--rounds 2] [--steps 10]
+    .venv/bin/python benchmarks/async_speed.py [--task halfcheetah|arithmetic] [--rounds 2] [--steps 10]
 """
 
 from __future__ import annotations
@@ -23,24 +24,32 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PLACEMENT = [
-    "experiment=halfcheetah_pipeline",
-    "cluster=local",
-    "cluster.component_placement.env=0",
-    "cluster.component_placement.rollout=0",
-    "cluster.component_placement.actor=1",
-    "logger=none",
-    "runner.save_interval=0",
-]
+COMMON = ["cluster=local", "cluster.component_placement.actor=1", "logger=none", "runner.save_interval=0"]
+TASKS = {
+    "halfcheetah": (
+        "HalfCheetah pipeline, env and rollout on device 0, actor on device 1",
+        ["experiment=halfcheetah_pipeline", *(f"cluster.component_placement.{c}=0" for c in ("env", "rollout"))],
+    ),
+    "arithmetic": (
+        "arithmetic GRPO, rollout, reward and inference on device 0, actor on device 1",
+        [
+            "experiment=arithmetic_grpo",
+            "placement=reasoning_disaggregated",
+            "runner.eval_interval=1000",
+            *(f"cluster.component_placement.{c}=0" for c in ("rollout", "reward", "inference")),
+        ],
+    ),
+}
 WARM_UP = 2
 
 
-def run(staleness: int, steps: int) -> dict[str, float]:
+def run(task: str, staleness: int, steps: int) -> dict[str, float]:
     """One run's medians of time/step, time/generate_rollouts, time/training and time/overlap."""
     with tempfile.TemporaryDirectory() as out:
         command = [
             str(Path(sys.executable).parent / "rlplace-train"),
-            *PLACEMENT,
+            *TASKS[task][1],
+            *COMMON,
             f"runner.max_staleness={staleness}",
             f"runner.max_steps={steps}",
         ]
@@ -54,14 +63,15 @@ def run(staleness: int, steps: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", choices=sorted(TASKS), default="halfcheetah")
     parser.add_argument("--rounds", type=int, default=2, help="pairs of runs (K = 0, then K = 1)")
     parser.add_argument("--steps", type=int, default=10, help="runner.max_steps of each run")
     args = parser.parse_args()
     results: dict[int, list[dict[str, float]]] = {0: [], 1: []}
     for _ in range(args.rounds):
         for staleness in (0, 1):
-            results[staleness].append(run(staleness, args.steps))
-    print(f"HalfCheetah pipeline, env and rollout on device 0, actor on device 1 ({args.rounds} runs each)\n")
+            results[staleness].append(run(args.task, staleness, args.steps))
+    print(f"{TASKS[args.task][0]} ({args.rounds} runs each)\n")
     print("| K | step (s) | generation (s) | training (s) | step / max(gen, train) | overlap (s) |")
     print("|---:|---:|---:|---:|---:|---:|")
     for staleness, runs in results.items():

@@ -192,7 +192,7 @@ class RunnerConfig:
     max_staleness: int = 0
     """K: the rollouts of step t are generated with policy version max(0, t - K), exactly, so the numbers depend on
     the seed and K, never on placement or timing. 0 is the synchronous loop; K >= 1 lets generation run K steps
-    ahead of training, overlapping it where the actor has devices of its own (embodied tasks)."""
+    ahead of training, overlapping it where the actor has devices of its own (both task families)."""
     profile: bool = False
     """After the last step (and its checkpoint), time each component's unit of work at several sizes, one component
     at a time on an otherwise idle cluster, into the run folder's profile.json: the measured costs from which

@@ -81,14 +81,21 @@ class SequenceBatch:
 
 @torch.no_grad()
 def response_logprobs(model: torch.nn.Module, batch: SequenceBatch, micro_rows: int = 64) -> Tensor:
-    """[B, T] log-probs (on the CPU) of each response token under `model`, `micro_rows` rows per forward pass."""
+    """[B, T] log-probs (on the CPU) of each response token under `model`, `micro_rows` rows per forward pass, in
+    eval mode (no dropout) whatever mode the model is in: the inference worker's copy and the actor's own weights
+    score alike."""
     out = []
     width = batch.prompts.shape[1]
     ids, mask = batch.input_ids, batch.attention_mask
-    for start in range(0, batch.num_rows, micro_rows):
-        rows = slice(start, start + micro_rows)
-        logits = response_logits(model, ids[rows], mask[rows], width)
-        out.append(logprobs_from_logits(logits, ids[rows, width:].to(logits.device)).cpu())
+    training = model.training
+    model.eval()
+    try:
+        for start in range(0, batch.num_rows, micro_rows):
+            rows = slice(start, start + micro_rows)
+            logits = response_logits(model, ids[rows], mask[rows], width)
+            out.append(logprobs_from_logits(logits, ids[rows, width:].to(logits.device)).cpu())
+    finally:
+        model.train(training)
     return torch.cat(out)
 
 
