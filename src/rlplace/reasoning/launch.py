@@ -17,7 +17,7 @@ from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.pretrain import pretrained_model_path
 from rlplace.reasoning.runner import ReasoningRunner
 from rlplace.reasoning.workers import InferenceWorker, LLMActorWorker, LLMRolloutWorker, RewardWorker
-from rlplace.scheduler import Cluster, WorkerGroup
+from rlplace.scheduler import Cluster, StartingGroup, wait_started
 
 MODEL_SHAPE_KEYS = (
     "model_type",
@@ -32,59 +32,65 @@ MODEL_SHAPE_KEYS = (
 """The fields of a model folder's config.json that fix the shapes of its weights."""
 
 
-class StartedRun(NamedTuple):
-    """A run's launched groups, the placement they run in, and the model folder they all start from (`start`)."""
+class StartingRun(NamedTuple):
+    """A run's starting groups, the placement they run in, and the model folder they all start from (`start`)."""
 
     model_path: Path
     placement: HybridComponentPlacement
-    actor: WorkerGroup
-    inference: WorkerGroup
-    reward: WorkerGroup
-    rollout: WorkerGroup
+    actor: StartingGroup
+    inference: StartingGroup
+    reward: StartingGroup
+    rollout: StartingGroup
 
 
-def start(cfg: ReasoningConfig, cluster: Cluster) -> StartedRun:
-    """Find (or pretrain) the starting model, then launch the groups one after another.
+def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
+    """Find (or pretrain) the starting model, then start the groups without waiting for them (`train` waits): their
+    processes import torch and load the model side by side, while the driver goes on (it starts the logger).
 
-    Not side by side, as the embodied groups start: on a GPU the vLLM rollout sizes its cache by the device memory
-    it measures while it starts, which other groups loading their models on the same device would change.
+    A vLLM rollout on GPUs starts last, once the others are up: it sizes its cache by the device memory it measures
+    while it starts, which other groups loading their models on the same device would change.
     """
     model_path = pretrained_model_path(cfg)
     placement = HybridComponentPlacement(cfg, cluster)
 
-    def launch(worker: type, name: str, *args: object) -> WorkerGroup:
-        return worker.create_group(cfg, str(model_path), *args).launch(
+    def start_group(worker: type, name: str, *args: object) -> StartingGroup:
+        return worker.create_group(cfg, str(model_path), *args).start(
             cluster, name=name, placement_strategy=placement.get_strategy(name)
         )
 
-    actor = launch(LLMActorWorker, "actor")
-    inference = launch(InferenceWorker, "inference", actor.world_size)
-    reward = launch(RewardWorker, "reward", inference.world_size)
-    rollout = launch(LLMRolloutWorker, "rollout", reward.world_size)
-    return StartedRun(model_path, placement, actor, inference, reward, rollout)
+    actor = start_group(LLMActorWorker, "actor")
+    inference = start_group(InferenceWorker, "inference", placement.get_world_size("actor"))
+    reward = start_group(RewardWorker, "reward", placement.get_world_size("inference"))
+    if cfg.rollout.backend == "vllm" and cluster.device_type == "gpu":
+        wait_started(actor, inference, reward)
+    rollout = start_group(LLMRolloutWorker, "rollout", placement.get_world_size("reward"))
+    return StartingRun(model_path, placement, actor, inference, reward, rollout)
 
 
 def train(
     cfg: ReasoningConfig,
-    run: StartedRun,
+    starting: StartingRun,
     run_dir: Path,
     logger: MetricLogger,
     history: list[dict[str, float]],
     started: float,
 ) -> dict[str, float]:
-    """Run the loop on the started groups; returns the last step's metrics plus `run/*` and
+    """Wait for the groups, run the loop; returns the last step's metrics plus `run/*` and
     `eval/accuracy_{before,after}`. `run/startup_s` counts from `started` (a `time.monotonic()` reading: the command's
     start) to the loop's start."""
+    actor, inference, reward, rollout = wait_started(
+        starting.actor, starting.inference, starting.reward, starting.rollout
+    )
     runner = ReasoningRunner(
         cfg,
-        actor=run.actor,
-        rollout=run.rollout,
-        reward=run.reward,
-        inference=run.inference,
-        placement=run.placement,
+        actor=actor,
+        rollout=rollout,
+        reward=reward,
+        inference=inference,
+        placement=starting.placement,
         run_dir=run_dir,
         logger=logger,
-        identity=checkpoint_identity(cfg, run.model_path),
+        identity=checkpoint_identity(cfg, starting.model_path),
         history=history,
     )
     runner.init_workers()
