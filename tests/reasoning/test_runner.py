@@ -3,10 +3,11 @@ an embedded local Ray, from a tiny LM folder built here (not pretrained: these t
 accuracy; the accuracy gain is measured by the experiment itself and recorded in README).
 
 Two runs cover the end-to-end tests, started together so that they share the machine's cores (almost all of a run's
-time is its worker processes starting up, one group after the other): the collocated preset on one device with PPO
-(critic and reference model included) and a checkpoint after every step, and the disaggregated preset with two
-data-parallel actor ranks, generating with vLLM where it is installed. A third run, in this process, resumes the
-collocated one from its first checkpoint as soon as that is published, and must continue it exactly. Config and
+time is its worker processes starting up): the collocated preset on one device with PPO (critic and reference model
+included), one step off (runner.max_staleness=1) and a checkpoint after every step, and the synchronous
+disaggregated preset with two data-parallel actor ranks, generating with vLLM where it is installed. A third run, in
+this process, resumes the collocated one from its first checkpoint, which holds the micro-batches generated ahead,
+as soon as that is published, and must continue it exactly. Config and
 placement refusals (and checkpoints a run cannot resume) are checked in-process through `resolve`, as both CLIs do,
 and one of them through the CLI.
 """
@@ -39,10 +40,12 @@ VLLM = importlib.util.find_spec("vllm") is not None
 RUNS = {
     # Every component on one device (of one core), taking turns: the actor and rollout offload while the others work.
     # PPO: its critic's GAE advantages are not all 0 even when every reward is (an untrained model answers nothing
-    # right), so the weights change every step and a resume has real state to continue from.
+    # right), so the weights change every step and a resume has real state to continue from. One step off
+    # (runner.max_staleness=1): the step-1 checkpoint holds step 1's micro-batches, generated during step 0.
     "collocated": [
         "experiment=arithmetic_grpo",
         "algorithm=reasoning_ppo",
+        "runner.max_staleness=1",
         "runner.save_interval=1",
         "cluster.num_devices_per_node=1",
         "cluster.cpus_per_device=1",
@@ -111,6 +114,7 @@ def test_resume_continues_exactly(
     assert (state["family"], state["step"], state["version"]) == ("reasoning", 1, 1)
     assert [step for step, _ in state["accuracy"]] == [0, 1]  # before the first step, and after it
     assert state["identity"]["algorithm.name"] == "ppo" and state["identity"]["task.prompts_per_step"] == 4
+    assert [p.name for p in (first_checkpoint / "pending").iterdir()] == ["0.pt"]  # the batch generated ahead
     actor = torch.load(first_checkpoint / "actor.pt", weights_only=False)
     assert set(actor) == {"policy", "optimizer", "critic", "critic_optimizer", "generator", "rng", "version"}
     assert set(actor["rng"]) == {"torch", "numpy", "python"} and actor["version"] == 1
@@ -141,24 +145,26 @@ def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, 
     assert sorted(p.name for p in (run.run_dir / "checkpoints").iterdir()) == saved
     rows = run.metrics()
     assert len(rows) == 2
+    # One step off (collocated), the last step generates nothing: there is no step ahead of it.
+    generating = rows[:1] if variant == "collocated" else rows
+    assert all("time/generate_rollouts" not in row for row in rows[len(generating) :])
     for row in rows:
         for key in (
             "time/step",
             "time/sync_weights",
-            "time/generate_rollouts",
             "time/rollout",
             "time/reward",
             "time/inference",
             "time/training",
             "throughput/tokens_per_s",
             "throughput/tokens_per_s_per_device",
-            "throughput/generation_tokens_per_s",
             "rollout/response_length",
             "rollout/reward",
             "train/policy_loss",
             "train/kl",
             "train/clip_frac",
             "eval/accuracy",
+            *(("time/generate_rollouts", "throughput/generation_tokens_per_s") if row in generating else ()),
         ):
             assert key in row, key
         assert 0 <= row["rollout/reward"] <= 1 and 0 < row["rollout/response_length"] <= 8
@@ -258,10 +264,11 @@ def test_bad_input_is_refused_before_workers_start(
     [
         ("task.prompts_per_step=8", "it was written with task.prompts_per_step = 4, this run has 8"),
         ("algorithm=grpo", "it was written with algorithm.name = 'ppo', this run has 'grpo'"),
+        ("runner.max_staleness=0", "it was written with runner.max_staleness = 1, this run has 0"),
         ("a wider model", "it was written with the model's hidden_size = 64, this run has 128"),
         ("an embodied run", r"not a checkpoint of the reasoning family \(no reasoning state in its runner.json\)"),
     ],
-    ids=["prompts_per_step", "algorithm", "model_shape", "embodied"],
+    ids=["prompts_per_step", "algorithm", "staleness", "model_shape", "embodied"],
 )
 def test_check_checkpoint_refuses_a_checkpoint_this_run_cannot_continue(
     change: str, message: str, model_path: Path, tmp_path: Path, compose_cfg
