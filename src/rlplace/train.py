@@ -11,7 +11,9 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -54,16 +56,16 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
     from rlplace.scheduler import Cluster  # Ray is imported when a run starts: `--help` and TAB completion stay quick
 
     started = time.monotonic() if started is None else started
-    cfg, mode, launcher = plan.cfg, plan.placement.mode, plan.launcher
+    cfg, mode = plan.cfg, plan.placement.mode
+    family = _import_launcher(plan)
     resume = checkpoint.resolve_resume(cfg.runner.resume, run_dir / checkpoint.FOLDER)
     if resume is not None:
-        launcher.check_checkpoint(cfg, resume)
+        family.result().check_checkpoint(cfg, resume)
     cfg.runner.resume = None if resume is None else str(resume)  # `auto` resolved once, here, for every worker
     devices = "; ".join(
         f"device {device}: {', '.join(names) or 'idle'}" for device, names in plan.placement.device_sharing().items()
     )
     log.info(f"rlplace: {mode} {plan.family.name} run of {cfg.task.name} ({devices}); outputs in {run_dir}")
-    labels = launcher.run_labels(cfg)
     history: list[dict[str, float]] = []
     processes = [process for name in plan.placement for process in plan.placement.get_placements(name)]
     logger: MetricLogger | None = None
@@ -72,6 +74,8 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
             Cluster(cfg.cluster, call_timeout_s=cfg.runner.hang_timeout_s, placements=processes) as cluster,
             preemption.handled(),
         ):
+            launcher = family.result()
+            labels = launcher.run_labels(cfg)
             info = {"mode": mode, "num_devices": plan.placement.num_devices, **labels}
             (run_dir / RUN_INFO).write_text(json.dumps(info))
             starting = launcher.start(cfg, cluster)  # the workers' processes start, and meanwhile the logger
@@ -86,6 +90,21 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
         if logger is not None:
             logger.close()
     return final
+
+
+def _import_launcher(plan: Plan) -> Future[Any]:
+    """The family's launcher module (`Plan.launcher`), imported on a thread of its own: torch and the worker classes
+    (1-2.5 s here) load while Ray's processes start."""
+    imported: Future[Any] = Future()
+
+    def load() -> None:
+        try:
+            imported.set_result(plan.launcher)
+        except BaseException as error:  # raised where the launcher is asked for
+            imported.set_exception(error)
+
+    threading.Thread(target=load, name="rlplace-import-launcher", daemon=True).start()
+    return imported
 
 
 def run_logger(
