@@ -2,14 +2,15 @@
 an embedded local Ray, from a tiny LM folder built here (not pretrained: these tests are about behaviour, not
 accuracy; the accuracy gain is measured by the experiment itself and recorded in README).
 
-Two runs cover the end-to-end tests, started together so that they share the machine's cores (almost all of a run's
-time is its worker processes starting up): the collocated preset on one device with PPO (critic and reference model
-included), one step off (runner.max_staleness=1) and a checkpoint after every step, and the synchronous
-disaggregated preset with two data-parallel actor ranks, generating with vLLM where it is installed. A third run, in
-this process, resumes the collocated one from its first checkpoint, which holds the micro-batches generated ahead,
-as soon as that is published, and must continue it exactly. Config and
-placement refusals (and checkpoints a run cannot resume) are checked in-process through `resolve`, as both CLIs do,
-and one of them through the CLI.
+Three runs cover the end-to-end tests, started together so that they share the machine's cores (almost all of a
+run's time is its worker processes starting up): the collocated preset on one device with PPO (critic and reference
+model included), one step off (runner.max_staleness=1) and a checkpoint after every step; the same run with the
+actor on a device of its own, where training overlaps generation, which must give the same numbers; and the
+synchronous disaggregated preset with two data-parallel actor ranks, generating with vLLM where it is installed. A
+fourth run, in this process, resumes the collocated one from its step-2 checkpoint, which holds the micro-batches
+generated ahead, as soon as that is published, and must continue it exactly. Config and placement refusals (and
+checkpoints a run cannot resume) are checked in-process through `resolve`, as both CLIs do, and one of them through
+the CLI.
 """
 
 from __future__ import annotations
@@ -37,18 +38,19 @@ from rlplace.train import train
 from tests.reasoning.runs import TINY, Run, command, compared, published, same, start
 
 VLLM = importlib.util.find_spec("vllm") is not None
+ASYNC_PPO = ["experiment=arithmetic_grpo", "algorithm=reasoning_ppo", "runner.max_staleness=1", "runner.max_steps=4"]
 RUNS = {
     # Every component on one device (of one core), taking turns: the actor and rollout offload while the others work.
     # PPO: its critic's GAE advantages are not all 0 even when every reward is (an untrained model answers nothing
     # right), so the weights change every step and a resume has real state to continue from. One step off
-    # (runner.max_staleness=1): the step-1 checkpoint holds step 1's micro-batches, generated during step 0.
-    "collocated": [
-        "experiment=arithmetic_grpo",
-        "algorithm=reasoning_ppo",
-        "runner.max_staleness=1",
-        "runner.save_interval=1",
-        "cluster.num_devices_per_node=1",
-        "cluster.cpus_per_device=1",
+    # (runner.max_staleness=1): each checkpoint holds the micro-batches of the next step, generated ahead.
+    "collocated": [*ASYNC_PPO, "runner.save_interval=1", "cluster.num_devices_per_node=1", "cluster.cpus_per_device=1"],
+    # The same run with the actor alone on device 1: it trains on step t while the others generate step t + 1.
+    "overlapped": [
+        *ASYNC_PPO,
+        "placement=reasoning_disaggregated",
+        *(f"cluster.component_placement.{name}=0" for name in ("rollout", "reward", "inference")),
+        "cluster.component_placement.actor=1",
     ],
     # Each stage on its own device, 16 micro-batches of 8-token responses per step streaming through them (enough
     # for the stages to overlap even when generation is quick), routed over 2 actor ranks that average their
@@ -68,13 +70,14 @@ chain, not the disaggregated run, is what the module's end-to-end tests wait for
 
 
 def selected_variants(session: pytest.Session) -> set[str]:
-    """The runs that the selected tests read: a test's `variant` parameter, else (the vLLM test) disaggregated."""
+    """The runs that the selected tests read: a test's `variant` parameter, else (the vLLM test) disaggregated; the
+    overlapped run is compared with the collocated one."""
     variants = set()
     for item in session.items:
         if "runs" in getattr(item, "fixturenames", ()):
             params = item.callspec.params if hasattr(item, "callspec") else {}
             variants.add(params.get("variant", "disaggregated"))
-    return variants
+    return variants | ({"collocated"} if "overlapped" in variants else set())
 
 
 @pytest.fixture(scope="module")
@@ -102,30 +105,31 @@ def test_resume_continues_exactly(
     variant: str, runs: dict[str, Run], model_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     full = runs[variant]
-    first_checkpoint = published(full, full.run_dir / "checkpoints" / "step_000001")
+    checkpoint = published(full, full.run_dir / "checkpoints" / "step_000002")
     overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS[variant]]
-    plan = resolve(compose_run([*overrides, f"runner.resume={first_checkpoint}"]))
-    check_checkpoint(plan.cfg, first_checkpoint)
+    plan = resolve(compose_run([*overrides, f"runner.resume={checkpoint}"]))
+    check_checkpoint(plan.cfg, checkpoint)
     with caplog.at_level(logging.INFO):
         train(plan, tmp_path, resolved_config={})
-    assert f"rlplace: resumed from {first_checkpoint} at step 1" in caplog.messages
+    assert f"rlplace: resumed from {checkpoint} at step 2" in caplog.messages
     full.finished()
-    state = json.loads((first_checkpoint / "runner.json").read_text())
-    assert (state["family"], state["step"], state["version"]) == ("reasoning", 1, 1)
-    assert [step for step, _ in state["accuracy"]] == [0, 1]  # before the first step, and after it
+    state = json.loads((checkpoint / "runner.json").read_text())
+    assert (state["family"], state["step"], state["version"]) == ("reasoning", 2, 2)
+    assert [step for step, _ in state["accuracy"]] == [0, 1, 2]  # before the first step, and after each
     assert state["identity"]["algorithm.name"] == "ppo" and state["identity"]["task.prompts_per_step"] == 4
-    assert [p.name for p in (first_checkpoint / "pending").iterdir()] == ["0.pt"]  # the batch generated ahead
-    actor = torch.load(first_checkpoint / "actor.pt", weights_only=False)
+    assert [p.name for p in (checkpoint / "pending").iterdir()] == ["0.pt"]  # step 2's batch, generated in step 1
+    actor = torch.load(checkpoint / "actor.pt", weights_only=False)
     assert set(actor) == {"policy", "optimizer", "critic", "critic_optimizer", "generator", "rng", "version"}
-    assert set(actor["rng"]) == {"torch", "numpy", "python"} and actor["version"] == 1
-    # Step 1 again, from the restored policy, critic, optimizers and generators: the same numbers to the last bit.
+    assert set(actor["rng"]) == {"torch", "numpy", "python"} and actor["version"] == 2
+    # Steps 2 and 3 again, from the restored policy, critic, optimizers, generators and pending micro-batches: the
+    # same numbers to the last bit.
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows] == [1]
-    assert compared(rows[0]) == compared(full.metrics()[1])
+    assert [row["step"] for row in rows] == [2, 3]
+    assert [compared(row) for row in rows] == [compared(row) for row in full.metrics()[2:]]
     assert {"train/value_loss", "train/grad_norm", "rollout/response_length", "eval/accuracy"} <= set(compared(rows[0]))
     # The same final state, and an accuracy history without a second evaluation before the first step. The numpy and
     # Python streams aside: nothing seeds them and the run never draws from them (two fresh runs differ there too).
-    final = "checkpoints/step_000002"
+    final = "checkpoints/step_000004"
     assert (tmp_path / final / "runner.json").read_text() == (full.run_dir / final / "runner.json").read_text()
     actors = [torch.load(folder / final / "actor.pt", weights_only=False) for folder in (tmp_path, full.run_dir)]
     for state in actors:
@@ -141,12 +145,13 @@ def test_resume_continues_exactly(
 def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, runs: dict[str, Run]) -> None:
     run = runs[variant].finished()
     assert f"rlplace: done: {variant} placement, held-out accuracy" in run.stdout
-    saved = ["step_000001", "step_000002"] if variant == "collocated" else ["step_000002"]  # save_interval 1, 0
-    assert sorted(p.name for p in (run.run_dir / "checkpoints").iterdir()) == saved
+    steps = 4 if variant == "collocated" else 2
+    saved = [f"step_{step:06d}" for step in range(1, steps + 1)] if variant == "collocated" else ["step_000002"]
+    assert sorted(p.name for p in (run.run_dir / "checkpoints").iterdir()) == saved  # save_interval 1, 0
     rows = run.metrics()
-    assert len(rows) == 2
+    assert len(rows) == steps
     # One step off (collocated), the last step generates nothing: there is no step ahead of it.
-    generating = rows[:1] if variant == "collocated" else rows
+    generating = rows[:-1] if variant == "collocated" else rows
     assert all("time/generate_rollouts" not in row for row in rows[len(generating) :])
     for row in rows:
         for key in (
@@ -199,6 +204,22 @@ def test_vllm_backend_trains_and_its_weights_follow_the_actor(runs: dict[str, Ru
     assert "backend: vllm" in (run.run_dir / ".hydra" / "config.yaml").read_text()
     rows = run.metrics()
     assert len(rows) == 2 and all("eval/accuracy" in row for row in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["overlapped"])
+def test_async_training_gives_the_same_numbers_in_every_placement(variant: str, runs: dict[str, Run]) -> None:
+    metrics = {name: runs[name].finished().metrics() for name in ("collocated", variant)}
+    collocated, overlapped = metrics["collocated"], metrics[variant]
+    assert [compared(row) for row in collocated] == [compared(row) for row in overlapped]
+    assert [row["async/staleness"] for row in collocated] == [0.0, 1.0, 1.0, 1.0]  # step 0: the initial weights
+    assert collocated[0]["train/behaviour_weight"] == 1.0  # π_behav is π_prox, to the last bit
+    assert any(row["train/behaviour_weight"] != 1.0 for row in collocated[1:])
+    # Training beside generation only where the actor has a device of its own (steps 0-2 generate steps 1-3 while
+    # training; step 3 generates nothing).
+    overlap = {name: [row["time/overlap"] for row in rows] for name, rows in metrics.items()}
+    assert overlap["collocated"] == [0.0] * 4, overlap
+    assert sum(overlap[variant][:3]) > 0 and overlap[variant][3] == 0.0, overlap
 
 
 ARITHMETIC_GROUPS = ["task=arithmetic", "model=tiny_lm", "placement=reasoning_collocated"]
