@@ -150,9 +150,13 @@ def _once_training(run_dir: Path, name: str, action) -> threading.Thread:
     return thread
 
 
+HANG_TIMEOUT_S = 4
+"""runner.hang_timeout_s of the hung-worker test: short, since the test waits it out."""
+
+
 @pytest.mark.slow
 def test_a_hung_worker_is_named_within_the_hang_deadline(shared_ray: None, tmp_path: Path) -> None:
-    plan = resolve(compose_run([*TINY, "runner.max_steps=500", "runner.hang_timeout_s=10"]))
+    plan = resolve(compose_run([*TINY, "runner.max_steps=500", f"runner.hang_timeout_s={HANG_TIMEOUT_S}"]))
     stopped: list[float] = []
     watcher = _once_training(
         tmp_path, "EnvWorker", lambda pid: (os.kill(pid, signal.SIGSTOP), stopped.append(time.monotonic()))
@@ -160,10 +164,11 @@ def test_a_hung_worker_is_named_within_the_hang_deadline(shared_ray: None, tmp_p
     with pytest.raises(WorkerTimeout, match=r"group 'env' rank \d: \w+\(\) did not finish within [\d.]+ s \(hung"):
         train(plan, tmp_path, {})
     watcher.join()
-    # The deadline is 10 s, or 5 x the slowest step when that is longer (a busy machine): reported within twice that,
-    # plus the teardown (the stopped worker's graceful period, then its kill).
+    # The deadline is HANG_TIMEOUT_S, or 5 x the slowest step when that is longer (a busy machine): reported within
+    # twice that, plus the teardown (the stopped worker's graceful period, then its kill).
     teardown = GRACEFUL_EXIT_S + REAP_S
-    assert stopped and time.monotonic() - stopped[0] < 2 * max(10, 5 * max_step(tmp_path)) + teardown
+    deadline = max(HANG_TIMEOUT_S, 5 * max_step(tmp_path))
+    assert stopped and time.monotonic() - stopped[0] < 2 * deadline + teardown
 
 
 def max_step(run_dir: Path) -> float:
