@@ -42,9 +42,11 @@ from rlplace.scheduler.group_mean import SMALL_BYTES
 DEFAULT_AVERAGE_S = 0.25e-3
 """Gradient averaging per minibatch per extra rank when the profile had one actor rank (mailbox averaging of a
 small MLP measured 0.23 ms for 2 ranks, benchmarks/actor_update.py)."""
-FORWARD_SHARE = 1 / 3
-"""A forward pass's share of one minibatch update (forward, backward about twice the forward, optimizer step):
-what the proximal log-probs of an asynchronous step cost per minibatch of samples."""
+FORWARD_SHARE = 1 / 6
+"""The proximal log-probs' share of one minibatch update, per minibatch of samples: a forward pass of the actor
+alone, half of the forward pass of actor and critic, which is about a third of an update (the backward pass costs
+about twice the forward); measured 0.18 on the HalfCheetah preset's MLPs (0.11 s over 4,096 samples, against 0.15 s
+per update of 1,024)."""
 DEFAULT_SWITCH_S = 2e-3
 """A phase switch (offload or onload calls) when the profiled run had none to measure."""
 
