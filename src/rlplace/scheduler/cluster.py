@@ -17,12 +17,14 @@ import atexit
 import ipaddress
 import logging
 import os
+import random
 import shutil
 import socket
 import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -376,10 +378,34 @@ def _usable_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+UNCLAIMED_PORTS_FROM = 20000
+"""MASTER_PORT candidates start here, above Ray's default worker ports."""
+
+
 def _free_port() -> int:
+    """A TCP port free now, drawn below the OS's ephemeral range and above Ray's worker ports (10002-19999): a process
+    that binds port 0 meanwhile (Ray's gRPC servers, the channels' listeners) gets an ephemeral port, so it cannot take
+    this one before torch.distributed's store binds it. Falls back to an ephemeral port where that gap is full."""
+    candidates = range(UNCLAIMED_PORTS_FROM, _ephemeral_ports()[0])
+    for port in random.sample(candidates, min(64, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The OS's range for port-0 binds (Linux's ip_local_port_range; its default elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def _on_node(function: Any, node_id: str) -> ray.ObjectRef:
