@@ -15,6 +15,7 @@ import torch
 
 from rlplace.core.gradients import average_grads
 from rlplace.core.offload import move
+from rlplace.core.pending import load_pending, save_pending
 from rlplace.core.rng import rng_states, set_rng_states
 from rlplace.core.weights import broadcast_weights
 from rlplace.embodied.advantages import compute_advantages
@@ -26,9 +27,6 @@ from rlplace.embodied.profile import WARMUP, median_seconds, repeats_for, second
 from rlplace.embodied.streams import actor_pieces, actor_shard, all_streams
 from rlplace.embodied.trajectory import Trajectory
 from rlplace.scheduler import Channel, Worker, timer
-
-PENDING_DIR = "pending"
-"""The checkpoint's subfolder of batches generated but not yet trained on, one file per actor rank."""
 
 
 class ActorWorker(Worker):
@@ -191,9 +189,7 @@ class ActorWorker(Worker):
     def save_checkpoint(self, folder: str) -> None:
         """Rank 0 writes weights, optimizer, and RNG states (all ranks hold the same ones); every rank writes the
         batches it has not trained on yet (asynchronous training), its columns of them, to `pending/<rank>.pt`."""
-        if self.pending:
-            (Path(folder) / PENDING_DIR).mkdir(exist_ok=True)
-            torch.save(list(self.pending), Path(folder) / PENDING_DIR / f"{self.rank}.pt")
+        save_pending(folder, self.rank, self.pending)
         if self.rank != 0:
             return
         state = {
@@ -213,6 +209,5 @@ class ActorWorker(Worker):
         self.generator.set_state(state["generator"])
         set_rng_states(state["rng"])
         self.version = state["version"]
-        written = [torch.load(path, weights_only=False) for path in sorted((Path(folder) / PENDING_DIR).glob("*.pt"))]
         shard = actor_shard(self.cfg.task.total_num_envs, self.rank, self.world_size)
-        self.pending = deque(Trajectory.merge(list(parts)).columns(*shard) for parts in zip(*written, strict=True))
+        self.pending = deque(Trajectory.merge(list(parts)).columns(*shard) for parts in load_pending(folder))

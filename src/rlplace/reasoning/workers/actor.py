@@ -22,6 +22,7 @@ from torch import nn
 
 from rlplace.core.gradients import average_grads
 from rlplace.core.offload import move
+from rlplace.core.pending import load_pending, save_pending
 from rlplace.core.rng import rng_states, set_rng_states
 from rlplace.core.weights import broadcast_weights
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
@@ -34,8 +35,6 @@ from rlplace.scheduler import Channel, Worker, timer
 
 STATE_FILE = "actor.pt"
 """The actor's part of a checkpoint folder."""
-PENDING_DIR = "pending"
-"""The checkpoint's subfolder of micro-batches received but not trained on yet, one file per actor rank."""
 
 
 class LLMActorWorker(Worker):
@@ -147,9 +146,7 @@ class LLMActorWorker(Worker):
         states and the weight version into `folder`: every rank holds the same ones, and a resumed update then
         shuffles, steps and draws exactly as the uninterrupted one would. Every rank writes its pending micro-batches
         (asynchronous training) to `pending/<rank>.pt`."""
-        if self.pending:
-            (Path(folder) / PENDING_DIR).mkdir(exist_ok=True)
-            torch.save(list(self.pending), Path(folder) / PENDING_DIR / f"{self.rank}.pt")
+        save_pending(folder, self.rank, self.pending)
         if self.rank != 0:
             return
         state = {
@@ -177,11 +174,10 @@ class LLMActorWorker(Worker):
         self.generator.set_state(state["generator"])
         set_rng_states(state["rng"])
         self.version = state["version"]
-        written = [torch.load(path, weights_only=False) for path in sorted((Path(folder) / PENDING_DIR).glob("*.pt"))]
         num_micro_batches = self.cfg.task.prompts_per_step // self.cfg.rollout.micro_batch_prompts
         mine = set(micro_batches_of(self.rank, self.world_size, num_micro_batches))
         self.pending = deque(
-            [part for parts in step for part in parts if part.index in mine] for step in zip(*written, strict=True)
+            [part for parts in step for part in parts if part.index in mine] for step in load_pending(folder)
         )
 
     def save_model(self, folder: str) -> None:
