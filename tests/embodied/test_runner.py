@@ -264,14 +264,13 @@ def test_env_and_rollout_pipeline_across_devices(hybrid_run: Path) -> None:
 # Resuming hybrid_run's checkpoint with one env process instead of two: its sub-envs are stored by global index, so
 # any split takes them back. Four stages keep one env per stream as in hybrid_run, so the rollout infers on batches of
 # the same shape and the numbers match to the bit (with two envs per stream the MLP's batched matmul rounds
-# differently: the policy loss moves by 1e-8).
+# differently: the policy loss moves by 1e-8). A resume under the same placement is the easier case of this one.
 ONE_ENV_PROCESS = [*HYBRID[:2], "cluster.component_placement.env=0", *HYBRID[3:], "rollout.pipeline_stage_num=4"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", [HYBRID, ONE_ENV_PROCESS], ids=["same_placement", "one_env_process"])
-def test_resume_continues_exactly(hybrid_run: Path, tmp_path: Path, placement: list[str]) -> None:
-    resumed = run(tmp_path, *placement, f"runner.resume={hybrid_run / 'checkpoints' / 'step_000001'}")
+def test_resume_under_another_placement_continues_exactly(hybrid_run: Path, tmp_path: Path) -> None:
+    resumed = run(tmp_path, *ONE_ENV_PROCESS, f"runner.resume={hybrid_run / 'checkpoints' / 'step_000001'}")
     full = metrics(hybrid_run)
     assert [row["step"] for row in resumed] == [1]
     for key in (*COMPARED, "env/total_steps", "train/lr"):
@@ -285,24 +284,20 @@ ASYNC = ["runner.max_staleness=1", "runner.max_steps=4"]
 
 
 @pytest.mark.slow
-def test_async_training_gives_the_same_numbers_in_every_placement_and_resumes_exactly(
-    shared_ray: None, tmp_path: Path
-) -> None:
+def test_async_training_resumes_exactly_under_another_placement(shared_ray: None, tmp_path: Path) -> None:
     overlapped = run(mkdir(tmp_path / "overlapped"), *OVERLAPPED, *ASYNC, "runner.save_interval=2")
-    collocated = run(mkdir(tmp_path / "collocated"), *COLLOCATED, *ASYNC)
     assert [row["async/staleness"] for row in overlapped] == [0.0, 1.0, 1.0, 1.0]  # step 0: the initial weights
     assert all(row["time/overlap"] > 0 for row in overlapped[1:3])  # steps 1, 2 generate ahead beside training
-    for step in range(4):
-        for key in (*COMPARED, "env/total_steps", "train/behaviour_weight"):
-            assert overlapped[step].get(key) == collocated[step].get(key), (step, key)  # the last generates nothing
-    # Resumed collocated from the overlapped run's step-2 checkpoint, which holds the batch generated ahead.
+    # Resumed collocated from the step-2 checkpoint, which holds the batch generated ahead: the actor now takes turns
+    # with env and rollout instead of training beside them, and the numbers stay the same.
     checkpoint = tmp_path / "overlapped" / "checkpoints" / "step_000002"
     assert sorted(p.name for p in (checkpoint / "pending").iterdir()) == ["0.pt"]
     resumed = run(mkdir(tmp_path / "resumed"), *COLLOCATED, *ASYNC, f"runner.resume={checkpoint}")
     assert [row["step"] for row in resumed] == [2, 3]
+    assert [row["time/overlap"] for row in resumed] == [0.0, 0.0]
     for row, full in zip(resumed, overlapped[2:], strict=True):
         for key in (*COMPARED, "env/total_steps", "train/lr", "train/behaviour_weight"):
-            assert row.get(key) == full.get(key), key
+            assert row.get(key) == full.get(key), key  # the last step generates nothing
 
 
 @pytest.mark.slow

@@ -4,28 +4,35 @@ A worker only exists as one rank of a group launched on a cluster: `MyWorker.cre
 name="actor", placement_strategy=...)`. Its process is set up before the subclass's `__init__` runs: it knows its
 placement, sees only its devices, and on a cpu cluster runs on its devices' cores with as many torch threads, so
 that placement has a real cost. Public methods of a subclass become fan-out calls on its `WorkerGroup`.
+
+torch is imported on first use, not with this module: a worker that never touches it (a simulator, a verifier)
+starts a second sooner and holds a few hundred MB less.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-import torch
-import torch.distributed as dist
 from ray.actor import ActorClass
 
 from rlplace.metrics.timeline import Span
 from rlplace.placement.placement import Placement
-from rlplace.scheduler.collective import Payload, Transfers
 from rlplace.scheduler.context import WorkerContext
 from rlplace.scheduler.group import WorkerGroupSpec
-from rlplace.scheduler.group_mean import GroupMean
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlplace.scheduler.collective import Payload, Transfers
+    from rlplace.scheduler.group_mean import GroupMean
 
 
 class Worker:
@@ -38,8 +45,6 @@ class Worker:
 
     _context: WorkerContext
     _spans: list[Span]
-    _transfers: Transfers
-    _group_mean: GroupMean
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Worker:
         self = super().__new__(cls)
@@ -54,8 +59,6 @@ class Worker:
             )
         self._context = context
         self._spans = []
-        self._transfers = Transfers(context, self.device)
-        self._group_mean = GroupMean(context)
         if context.cores:
             _pin_process(context.cores)
         return self
@@ -84,6 +87,8 @@ class Worker:
     @property
     def device(self) -> torch.device:
         """The worker's first device: `cuda:0` (its first visible GPU) on a gpu cluster, else the CPU."""
+        import torch
+
         if self._context.device_type == "gpu" and self._context.placement.local_devices:
             return torch.device("cuda", 0)
         return torch.device("cpu")
@@ -95,6 +100,9 @@ class Worker:
 
     def init_process_group(self, timeout_s: float = 300.0) -> None:
         """Join this group's default torch.distributed process group (gloo on cpu, nccl on gpu), e.g. for DDP."""
+        import torch
+        import torch.distributed as dist
+
         backend = "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -111,6 +119,18 @@ class Worker:
         """Replace `tensor` by its mean over this group's ranks, in place (data-parallel gradients); every rank calls
         it in the same order. Small CPU tensors go rank to rank, others through `init_process_group`'s group."""
         self._group_mean(tensor)
+
+    @functools.cached_property
+    def _group_mean(self) -> GroupMean:
+        from rlplace.scheduler.group_mean import GroupMean
+
+        return GroupMean(self._context)
+
+    @functools.cached_property
+    def _transfers(self) -> Transfers:
+        from rlplace.scheduler.collective import Transfers
+
+        return Transfers(self._context, self.device)
 
     def broadcast(self, payload: Payload, dst_group: str) -> None:
         """Send a tensor or a (nested) dict/list of tensors to every rank of `dst_group` (e.g. weight sync); each of
@@ -141,11 +161,13 @@ def _pin_process(cores: tuple[int, ...]) -> None:
     """Run every thread of this process, and the threads it starts later, on `cores`; size torch's pool to them.
 
     `os.sched_setaffinity(0, ...)` only moves the calling thread, while Ray's threads already run, so each thread
-    of the process is moved; threads started later inherit the affinity of their creator.
+    of the process is moved; threads started later inherit the affinity of their creator. A torch imported later
+    sizes its pool from OMP_NUM_THREADS, which the launch sets (`context.worker_env`).
     """
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cores)
         except ProcessLookupError:
             continue  # the thread ended meanwhile
-    torch.set_num_threads(len(cores))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(len(cores))
