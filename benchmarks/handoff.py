@@ -10,13 +10,21 @@ its rollout pay per pipeline stage and env step (observations one way, actions t
   (two actor calls per hand-off);
 - `Pipe (floor)`: `multiprocessing.Pipe` between two plain processes, the floor any Python process pair pays.
 
-    .venv/bin/python benchmarks/handoff.py [--count 2000]
+A second table times what generation pays: a lockstep exchange in which each side computes `--work-us` between
+taking an item and answering it (as an env steps its simulators and a rollout infers), the two processes pinned to
+different cores. A waiting process sleeps, and waking it costs more than a ping-pong shows, where the other side
+answers at once: the cost per hand-off beyond the work, for the channel (4 KB-sized observations one way, actions
+back, bounded as in generation) and for a bare Unix socket pair that blocks, or spins instead of sleeping.
+
+    .venv/bin/python benchmarks/handoff.py [--count 2000] [--work-us 200]
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
+import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -88,6 +96,100 @@ def pipe_ping_pong(item: np.ndarray, count: int) -> list[float]:
     return times
 
 
+def busy(seconds: float) -> None:
+    """Compute (spin) for `seconds`: a stand-in for a simulator step or an inference."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def pin(core: int) -> None:
+    """Run every thread of this process on `core`."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {core})
+        except ProcessLookupError:
+            continue
+
+
+@ray.remote(num_cpus=0)
+class LockstepSide:
+    """One side of a lockstep exchange over two channels: take an item, compute, answer."""
+
+    def __init__(self, core: int) -> None:
+        pin(core)
+
+    def answer(self, inbox: Channel, outbox: Channel, item: Any, count: int, work_s: float) -> None:
+        outbox.put(item, timeout=60)
+        for _ in range(count):
+            inbox.get(timeout=60)
+            busy(work_s)
+            outbox.put(item, timeout=60)
+
+    def lead(self, inbox: Channel, outbox: Channel, item: Any, count: int, work_s: float) -> list[float]:
+        """Seconds per exchange (two hand-offs and two units of work), as the leading side sees them."""
+        times, start = [], time.perf_counter()
+        for _ in range(count):
+            inbox.get(timeout=60)
+            busy(work_s)
+            outbox.put(item, timeout=60)
+            now = time.perf_counter()
+            times.append(now - start)
+            start = now
+        inbox.get(timeout=60)
+        return times
+
+
+def channel_lockstep(count: int, work_s: float) -> list[float]:
+    """Per hand-off cost beyond the work: observations (a 4 KB-sized tuple) one way, actions back."""
+    observations = (np.zeros((32, 28), np.float32), np.zeros(32, np.float32), np.zeros(32, np.float32))
+    obs, actions = Channel.create("obs", maxsize=2), Channel.create("actions", maxsize=2)
+    env, rollout = LockstepSide.remote(0), LockstepSide.remote(1)
+    answered = env.answer.remote(actions, obs, observations, count, work_s)
+    times = ray.get(rollout.lead.remote(obs, actions, np.zeros(32, np.int64), count, work_s))
+    ray.get(answered)
+    for side in (env, rollout):
+        ray.kill(side)
+    return [(t - 2 * work_s) / 2 for t in times]
+
+
+def socket_lockstep(count: int, work_s: float, spin: bool) -> list[float]:
+    """The same over a bare Unix socket pair between two forked processes on cores 0 and 1; `spin` polls the socket
+    instead of sleeping in `recv`."""
+
+    def receive(sock: socket.socket) -> bytes:
+        while spin:
+            try:
+                return sock.recv(64, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+        return sock.recv(64)
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        pin(1)
+        for _ in range(count):
+            receive(theirs)
+            busy(work_s)
+            theirs.send(b"x")
+        os._exit(0)
+    affinity = os.sched_getaffinity(0)
+    pin(0)
+    times = []
+    try:
+        for _ in range(count):
+            start = time.perf_counter()
+            mine.send(b"x")
+            receive(mine)
+            busy(work_s)
+            times.append((time.perf_counter() - start - 2 * work_s) / 2)
+    finally:
+        os.waitpid(pid, 0)
+        os.sched_setaffinity(0, affinity)
+    return times
+
+
 def channel(maxsize: int) -> Callable[[str], Channel]:
     return lambda name: Channel.create(name, maxsize=maxsize)
 
@@ -95,8 +197,14 @@ def channel(maxsize: int) -> Callable[[str], Channel]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=2000, help="round trips per row (1 MB rows: a tenth)")
+    parser.add_argument("--work-us", type=float, default=200.0, help="work per side between lockstep hand-offs")
     args = parser.parse_args()
+    work_s = args.work_us * 1e-6
     rows: list[tuple[str, str, tuple[float, float]]] = []
+    lockstep: list[tuple[str, tuple[float, float]]] = [
+        ("Unix socket pair, blocking (floor)", summarise(socket_lockstep(args.count, work_s, spin=False))),
+        ("Unix socket pair, spinning", summarise(socket_lockstep(args.count, work_s, spin=True))),
+    ]
     nodes = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"node0": 2}})
     nodes.add_node(num_cpus=2, resources={"node1": 2})
     nodes.wait_for_nodes()
@@ -114,6 +222,7 @@ def main() -> None:
             count = args.count if nbytes < 1 << 20 else max(WARM_UP + 10, args.count // 10)
             for path, run in paths.items():
                 rows.append((path, size_name, summarise(run(np.zeros(nbytes // 8), count))))
+        lockstep.insert(0, ("Channel, one node", summarise(channel_lockstep(args.count, work_s))))
     finally:
         ray.shutdown()
         nodes.shutdown()
@@ -122,6 +231,12 @@ def main() -> None:
     print("|---|---|---:|---:|")
     for path, size_name, (median, p99) in rows:
         print(f"| {path} | {size_name} | {median:,.0f} | {p99:,.0f} |")
+    print(f"\nLockstep exchange, {args.work_us:.0f} us of work per side between hand-offs, cores 0 and 1: cost per")
+    print("hand-off beyond the work\n")
+    print("| path | median (us) | p99 (us) |")
+    print("|---|---:|---:|")
+    for path, (median, p99) in lockstep:
+        print(f"| {path} | {median:,.0f} | {p99:,.0f} |")
 
 
 if __name__ == "__main__":
