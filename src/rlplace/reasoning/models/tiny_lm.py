@@ -22,7 +22,13 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from transformers.utils import logging as transformers_logging
+
 from .char_tokenizer import SPECIAL_TOKENS, build_char_tokenizer
+
+# Every process that loads or saves a model goes through this module. Ray forwards each worker's output to the
+# driver's console, where transformers' per-load progress bars would interleave with the run's own progress line.
+transformers_logging.disable_progress_bar()
 
 
 @dataclass(frozen=True)
