@@ -21,7 +21,6 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-
 from transformers.utils import logging as transformers_logging
 
 from .char_tokenizer import SPECIAL_TOKENS, build_char_tokenizer
