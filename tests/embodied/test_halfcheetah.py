@@ -49,3 +49,10 @@ def test_a_pickled_state_continues_exactly() -> None:
         for x, y in zip(whole.step(actions[t]), restored.step(actions[t]), strict=True):
             np.testing.assert_array_equal(x, y)
     assert whole.pop_episode_stats() == restored.pop_episode_stats()
+
+
+def test_leaves_no_mujoco_log_behind(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # MuJoCo's own handler would append the model's compile warning to MUJOCO_LOG.TXT in the working directory.
+    monkeypatch.chdir(tmp_path)
+    EnvSlice("halfcheetah", 0, 2, seed=0).reset()
+    assert list(tmp_path.iterdir()) == []

@@ -6,8 +6,9 @@ anything else is refused with the valid choices, so a typo fails on the driver b
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import gymnasium as gym
@@ -18,6 +19,8 @@ TASKS: dict[str, str] = {
     "halfcheetah": "HalfCheetah-v5",  # MuJoCo: needs the `mujoco` extra
 }
 """Task name -> gymnasium environment id."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,22 @@ def make_env(task_name_or_env_id: str, **kwargs: Any) -> gym.Env:
 
     The passive env checker is off: it only inspects the first step and the tests cover what it would check.
     """
-    return gym.make(resolve_env_id(task_name_or_env_id), disable_env_checker=True, **kwargs)
+    env_id = resolve_env_id(task_name_or_env_id)
+    if str(gym.spec(env_id).entry_point).startswith("gymnasium.envs.mujoco"):
+        _log_mujoco_warnings()
+    return gym.make(env_id, disable_env_checker=True, **kwargs)
+
+
+@cache
+def _log_mujoco_warnings() -> None:
+    """Send MuJoCo's warnings to this module's logger, each text once per process.
+
+    Its default handler appends every warning to MUJOCO_LOG.TXT in the working directory (a file a run must not
+    leave behind) and prints it; HalfCheetah's model warns of a deprecated attribute each time it is compiled, that
+    is once per simulator."""
+    import mujoco
+
+    mujoco.set_mju_user_warning(cache(lambda text: log.warning(f"MuJoCo: {text}")))
 
 
 @lru_cache(maxsize=32)
