@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,7 +52,7 @@ def test_a_pickled_state_continues_exactly() -> None:
     assert whole.pop_episode_stats() == restored.pop_episode_stats()
 
 
-def test_leaves_no_mujoco_log_behind(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_leaves_no_mujoco_log_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # MuJoCo's own handler would append the model's compile warning to MUJOCO_LOG.TXT in the working directory.
     monkeypatch.chdir(tmp_path)
     EnvSlice("halfcheetah", 0, 2, seed=0).reset()
