@@ -26,6 +26,7 @@ from rlplace.report.charts import PHASE_COLOURS, phase_of
 from rlplace.report.collect import BUSIEST_STAGE, HANDOFF_WAIT, read_job
 from rlplace.report.write import recommendation
 from tests.planner.synthetic import profile_data, write_profile
+from tests.ray_temp import remove_sessions
 
 TINY = [
     "cluster=local",  # 2 devices, not the preset's 4: keeps a skipped job, and 2 runs instead of 3
@@ -179,6 +180,7 @@ def multiruns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tu
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+    remove_sessions(runs["ray"][1].pid)  # the Ray launcher's Ray, started in the multirun's process
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,8 @@ from rlplace.scheduler import Cluster, WorkerError, WorkerTimeout
 from rlplace.scheduler.cluster import REAP_S
 from rlplace.scheduler.group import GRACEFUL_EXIT_S
 from rlplace.train import RUN_INFO, train
+from tests.ray_temp import RAY_TEMP
 
-RAY_TEMP = Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray")
 TINY = ["task.total_num_envs=4", "rollout.num_steps=16", "algorithm.num_minibatches=2", "logger=jsonl"]
 
 

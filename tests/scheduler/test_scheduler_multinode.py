@@ -23,6 +23,7 @@ from ray.util.placement_group import placement_group_table
 from rlplace.core.config import ClusterConfig
 from rlplace.placement.placement import Placement
 from rlplace.scheduler import Channel, Cluster, ClusterError, Worker
+from rlplace.scheduler.cluster import _remove_session
 from rlplace.scheduler.mailbox import mailbox
 from tests.scheduler.helpers import on_devices
 
@@ -77,8 +78,10 @@ def ray_cluster(no_ray: None) -> Iterator[RayTestCluster]:
     nodes = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
     nodes.add_node(num_cpus=2, num_gpus=2)
     nodes.wait_for_nodes()
+    session = nodes.head_node.get_session_dir_path()
     yield nodes
     nodes.shutdown()
+    _remove_session(session)  # Ray keeps it forever; rlplace's Cluster removes only the sessions it starts
 
 
 def test_ranks_land_on_their_nodes_with_their_gpus(ray_cluster: RayTestCluster) -> None:
