@@ -170,6 +170,7 @@ def multiruns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tu
                 "logger=jsonl",
                 "hydra/launcher=ray",
                 "+hydra.launcher.ray.init.num_cpus=2",
+                "+hydra.launcher.ray.init.include_dashboard=false",  # its processes would leave /tmp/pymp-* behind
                 # A Ray of its own: with address None, ray.init would join whatever Ray another test started last.
                 "hydra.launcher.ray.init.address=local",
             ),

@@ -75,7 +75,10 @@ def two_per_node() -> list[Placement]:
 @pytest.fixture(scope="module")
 def ray_cluster(no_ray: None) -> Iterator[RayTestCluster]:
     """A second Ray this process attaches to; it may hold no other Ray connection meanwhile."""
-    nodes = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
+    # No dashboard: its processes, stopped with the nodes, would leave a /tmp/pymp-* folder behind.
+    nodes = RayTestCluster(
+        initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2, "include_dashboard": False}
+    )
     nodes.add_node(num_cpus=2, num_gpus=2)
     nodes.wait_for_nodes()
     session = nodes.head_node.get_session_dir_path()
