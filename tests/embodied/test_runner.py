@@ -22,6 +22,7 @@ import ray
 from rlplace.cli import compose_run
 from rlplace.core.config import ClusterConfig
 from rlplace.core.errors import ConfigError
+from rlplace.core.runner import AsyncSchedule
 from rlplace.embodied.launch import check_checkpoint
 from rlplace.embodied.profile import PROFILE_FILE
 from rlplace.families import resolve
@@ -285,9 +286,12 @@ ASYNC = ["runner.max_staleness=1", "runner.max_steps=4"]
 
 @pytest.mark.slow
 def test_async_training_resumes_exactly_under_another_placement(shared_ray: None, tmp_path: Path) -> None:
+    # The actor's device is its own, so steps 0-2 generate the next step's rollouts beside training (how much they
+    # overlap in time depends on the machine's load: benchmarks/async_speed.py measures it).
+    placement = resolve(compose_run([*TINY, *OVERLAPPED, *ASYNC])).placement
+    assert AsyncSchedule.of(placement, max_staleness=1, max_steps=4, trainer="actor").overlap
     overlapped = run(mkdir(tmp_path / "overlapped"), *OVERLAPPED, *ASYNC, "runner.save_interval=2")
     assert [row["async/staleness"] for row in overlapped] == [0.0, 1.0, 1.0, 1.0]  # step 0: the initial weights
-    assert all(row["time/overlap"] > 0 for row in overlapped[1:3])  # steps 1, 2 generate ahead beside training
     # Resumed collocated from the step-2 checkpoint, which holds the batch generated ahead: the actor now takes turns
     # with env and rollout instead of training beside them, and the numbers stay the same.
     checkpoint = tmp_path / "overlapped" / "checkpoints" / "step_000002"

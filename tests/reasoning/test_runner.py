@@ -29,6 +29,7 @@ from hydra.errors import ConfigCompositionException
 
 from rlplace.cli import EXIT_BAD_CONFIG, compose_run
 from rlplace.core.errors import ConfigError
+from rlplace.core.runner import AsyncSchedule
 from rlplace.families import resolve
 from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError
@@ -121,12 +122,13 @@ def test_resume_under_another_placement_continues_exactly(
     assert set(actor) == {"policy", "optimizer", "critic", "critic_optimizer", "generator", "rng", "version"}
     assert set(actor["rng"]) == {"torch", "numpy", "python"} and actor["version"] == 2
     # Steps 2 and 3 again, from the restored policy, critic, optimizers, generators and pending micro-batches, with
-    # the actor on a device of its own: the same numbers to the last bit. Step 2 generates step 3 beside training;
-    # step 3 generates nothing.
+    # the actor on a device of its own: the same numbers to the last bit. Step 2 generates step 3 beside training
+    # (how much they overlap in time depends on the machine's load); step 3 generates nothing.
+    assert AsyncSchedule.of(plan.placement, max_staleness=1, max_steps=4, trainer="actor").overlap
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [2, 3]
     assert [compared(row) for row in rows] == [compared(row) for row in full.metrics()[2:]]
-    assert rows[0]["time/overlap"] > 0 and rows[1]["time/overlap"] == 0.0
+    assert rows[1]["time/overlap"] == 0.0
     assert {"train/value_loss", "train/grad_norm", "rollout/response_length", "eval/accuracy"} <= set(compared(rows[0]))
     # The same final state, and an accuracy history without a second evaluation before the first step. The numpy and
     # Python streams aside: nothing seeds them and the run never draws from them (two fresh runs differ there too).
