@@ -17,9 +17,9 @@ decorator rather than to its module.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from rlplace.lazy import lazy_exports
 from rlplace.scheduler.errors import ChannelError, ChannelTimeout, ClusterError, WorkerError, WorkerTimeout
 from rlplace.scheduler.timer import timer
 
@@ -59,8 +59,4 @@ __all__ = [
     "wait_started",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+__getattr__ = lazy_exports(__name__, _MODULE_OF)

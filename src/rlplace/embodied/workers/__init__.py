@@ -6,19 +6,14 @@ which only steps simulators, must not import torch through the actor's module.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rlplace.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .actor import ActorWorker
     from .env import EnvWorker
     from .rollout import RolloutWorker
 
-_MODULE_OF = {"ActorWorker": "actor", "EnvWorker": "env", "RolloutWorker": "rollout"}
 __all__ = ["ActorWorker", "EnvWorker", "RolloutWorker"]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+__getattr__ = lazy_exports(__name__, {"ActorWorker": "actor", "EnvWorker": "env", "RolloutWorker": "rollout"})
