@@ -36,6 +36,7 @@ from ray.cluster_utils import Cluster as RayTestCluster
 from ray.util.queue import Queue
 
 from rlplace.scheduler import Channel
+from rlplace.scheduler.worker import pin_process
 
 SIZES = {"4 KB": 4 << 10, "1 MB": 1 << 20}
 WARM_UP = 20
@@ -103,21 +104,12 @@ def busy(seconds: float) -> None:
         pass
 
 
-def pin(core: int) -> None:
-    """Run every thread of this process on `core`."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), {core})
-        except ProcessLookupError:
-            continue
-
-
 @ray.remote(num_cpus=0)
 class LockstepSide:
     """One side of a lockstep exchange over two channels: take an item, compute, answer."""
 
     def __init__(self, core: int) -> None:
-        pin(core)
+        pin_process((core,))
 
     def answer(self, inbox: Channel, outbox: Channel, item: Any, count: int, work_s: float) -> None:
         outbox.put(item, timeout=60)
@@ -168,14 +160,14 @@ def socket_lockstep(count: int, work_s: float, spin: bool) -> list[float]:
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:
-        pin(1)
+        pin_process((1,))
         for _ in range(count):
             receive(theirs)
             busy(work_s)
             theirs.send(b"x")
         os._exit(0)
     affinity = os.sched_getaffinity(0)
-    pin(0)
+    pin_process((0,))
     times = []
     try:
         for _ in range(count):

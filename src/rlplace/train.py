@@ -11,9 +11,8 @@ import json
 import logging
 import signal
 import sys
-import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +93,10 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
 
 def _import_launcher(plan: Plan) -> Future[Any]:
     """The family's launcher module (`Plan.launcher`), imported on a thread of its own: torch and the worker classes
-    (1-2.5 s here) load while Ray's processes start."""
-    imported: Future[Any] = Future()
-
-    def load() -> None:
-        try:
-            imported.set_result(plan.launcher)
-        except BaseException as error:  # raised where the launcher is asked for
-            imported.set_exception(error)
-
-    threading.Thread(target=load, name="rlplace-import-launcher", daemon=True).start()
+    (1-2.5 s here) load while Ray's processes start. An import error is raised where the launcher is asked for."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlplace-import-launcher")
+    imported = pool.submit(lambda: plan.launcher)
+    pool.shutdown(wait=False)  # the thread ends once the import is done
     return imported
 
 

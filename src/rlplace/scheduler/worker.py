@@ -61,7 +61,7 @@ class Worker:
         self._context = context
         self._spans = []
         if context.cores:
-            _pin_process(context.cores)
+            pin_process(context.cores)
         return self
 
     @classmethod
@@ -158,7 +158,7 @@ class Worker:
         self._spans.append(Span(name=name, group=self.group_name, rank=self.rank, start=start, end=start + seconds))
 
 
-def _pin_process(cores: tuple[int, ...]) -> None:
+def pin_process(cores: tuple[int, ...]) -> None:
     """Run every thread of this process, and the threads it starts later, on `cores`; size torch's pool to them.
 
     `os.sched_setaffinity(0, ...)` only moves the calling thread, while Ray's threads already run, so each thread
