@@ -36,6 +36,7 @@ from ray.cluster_utils import Cluster as RayTestCluster
 from ray.util.queue import Queue
 
 from rlplace.scheduler import Channel
+from rlplace.scheduler.cluster import _remove_session
 from rlplace.scheduler.worker import pin_process
 
 SIZES = {"4 KB": 4 << 10, "1 MB": 1 << 20}
@@ -197,7 +198,10 @@ def main() -> None:
         ("Unix socket pair, blocking (floor)", summarise(socket_lockstep(args.count, work_s, spin=False))),
         ("Unix socket pair, spinning", summarise(socket_lockstep(args.count, work_s, spin=True))),
     ]
-    nodes = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"node0": 2}})
+    # No dashboard (its processes would leave a /tmp/pymp-* folder), and the session folder removed at the end.
+    head = {"num_cpus": 2, "resources": {"node0": 2}, "include_dashboard": False}
+    nodes = RayTestCluster(initialize_head=True, head_node_args=head)
+    session = nodes.head_node.get_session_dir_path()
     nodes.add_node(num_cpus=2, resources={"node1": 2})
     nodes.wait_for_nodes()
     ray.init(address=nodes.address, logging_level="ERROR")
@@ -218,6 +222,7 @@ def main() -> None:
     finally:
         ray.shutdown()
         nodes.shutdown()
+        _remove_session(session)
     print(f"Round trip of one item between two processes ({args.count} round trips per 4 KB row)\n")
     print("| path | item | median (us) | p99 (us) |")
     print("|---|---|---:|---:|")
