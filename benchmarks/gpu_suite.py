@@ -32,7 +32,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
+from rlplace.scheduler.context import cuda_alloc_conf
+
+# Before torch starts CUDA: the driver's offloads pin host memory as rlplace's GPU workers do.
+os.environ["PYTORCH_CUDA_ALLOC_CONF"] = cuda_alloc_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9
@@ -52,6 +57,7 @@ class Settings:
     smoke: bool
     device: torch.device
     tmp: Path
+    decodings: list[str]
 
 
 def timed(fn: Callable[[], object], repeats: int, sync: bool) -> list[float]:
@@ -76,7 +82,7 @@ def section_tests(s: Settings) -> list[Row]:
     report = s.tmp / "gpu_tests.txt"
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text())
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rA", "-p", "no:cacheprovider", *files]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     report.write_text(done.stdout + done.stderr)
     lines = [line for line in done.stdout.splitlines() if line.startswith(("PASSED", "FAILED", "ERROR", "SKIPPED"))]
     rows = [Row("tests", line.split(" ", 1)[1].split(" - ")[0], line.split(" ", 1)[0]) for line in lines]
@@ -137,7 +143,7 @@ def qwen_folder(s: Settings) -> Path:
 
 
 def section_offload(s: Settings) -> list[Row]:
-    from rlplace.core.offload import move
+    from rlplace.core.offload import HostCopies, move
     from rlplace.reasoning.models.tiny_lm import load_causal_lm
 
     model = load_causal_lm(qwen_folder(s), s.device, torch.float32).train()
@@ -147,12 +153,13 @@ def section_offload(s: Settings) -> list[Row]:
     optimizer.step()
     rows = []
     cpu = torch.device("cpu")
-    records = [(move(model, optimizer, cpu), move(model, optimizer, s.device)) for _ in range(4)]
+    host = HostCopies()  # as each worker keeps one
+    records = [(move(model, optimizer, cpu, host), move(model, optimizer, s.device, host)) for _ in range(4)]
     first_off, first_on = records[0]
     off = statistics.median(r[0].gb_per_s for r in records[1:])
     on = statistics.median(r[1].gb_per_s for r in records[1:])
     gb = first_off.bytes / GB
-    rows.append(Row("offload", "offload (first, pins host memory)", first_off.gb_per_s, "GB/s", f"{gb:.2f} GB"))
+    rows.append(Row("offload", "offload (first, pins the host copies)", first_off.gb_per_s, "GB/s", f"{gb:.2f} GB"))
     rows.append(Row("offload", "offload (steady)", off, "GB/s", f"{gb:.2f} GB: params, grads, AdamW state"))
     rows.append(Row("offload", "onload (first)", first_on.gb_per_s, "GB/s", f"{gb:.2f} GB"))
     rows.append(Row("offload", "onload (steady)", on, "GB/s", f"{gb:.2f} GB"))
@@ -289,9 +296,8 @@ def section_generation(s: Settings, bandwidth: float | None) -> list[Row]:
     prompt_len, new_tokens = 32, (16 if s.smoke else 64)
     generator = torch.Generator().manual_seed(0)
     all_prompts = torch.randint(1, config.vocab_size, (max(batches), prompt_len), generator=generator).tolist()
-    decodings = (
-        DECODINGS if s.device.type == "cuda" else {"eager": DECODINGS["eager"], "static": {"decoding": "static"}}
-    )
+    chosen = {name: DECODINGS[name] for name in s.decodings}
+    decodings = chosen if s.device.type == "cuda" else {"eager": DECODINGS["eager"], "static": {"decoding": "static"}}
     params = sum(
         p.numel() * p.element_size() for p in HFEngine(folder, s.device, dtype=torch.bfloat16).model.parameters()
     )
@@ -318,8 +324,9 @@ def section_generation(s: Settings, bandwidth: float | None) -> list[Row]:
                     )
 
                 rate = batch * new_tokens / statistics.median(timed(run, 2 if s.smoke else 3, s.device.type == "cuda"))
-                eager.setdefault(batch, rate)
-                note = "" if name == "eager" else f"{rate / eager[batch]:.1f}x eager"
+                if name == "eager":
+                    eager[batch] = rate
+                note = f"{rate / eager[batch]:.1f}x eager" if name != "eager" and batch in eager else ""
                 if bandwidth:
                     floor = batch * bandwidth / (params + batch * (prompt_len + new_tokens / 2) * kv_per_token)
                     note += f"; {rate / floor:.0%} of the floor, {floor:,.0f} tok/s"
@@ -443,12 +450,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
     parser.add_argument("--smoke", action="store_true", help="small sizes, any device: checks the script runs")
+    parser.add_argument(
+        "--decodings", nargs="+", default=list(DECODINGS), choices=DECODINGS, help="the generation section's paths"
+    )
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     parser.add_argument("--keep", type=Path, help="a folder for models, run logs and test output (default: temp)")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        s = Settings(args.smoke, device, args.keep or Path(tmp))
+        s = Settings(args.smoke, device, args.keep or Path(tmp), args.decodings)
         s.tmp.mkdir(parents=True, exist_ok=True)
         rows = [
             Row(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlplace.core.offload import _tensors, move
+from rlplace.core.offload import HostCopies, _tensors, move
 
 CPU = torch.device("cpu")
 
@@ -23,7 +23,7 @@ def trained_linear(device: torch.device) -> tuple[torch.nn.Module, torch.optim.O
 def test_moving_to_the_cpu_on_a_cpu_cluster_is_a_recorded_no_op() -> None:
     model, optimizer = trained_linear(CPU)
     before = [(name, tensor.data_ptr()) for _, name, tensor in _tensors(model, optimizer)]
-    record = move(model, optimizer, CPU)
+    record = move(model, optimizer, CPU, HostCopies())
     assert (record.bytes, record.gb_per_s) == (0, 0.0)
     assert [(name, tensor.data_ptr()) for _, name, tensor in _tensors(model, optimizer)] == before
     optimizer.step()
@@ -31,16 +31,22 @@ def test_moving_to_the_cpu_on_a_cpu_cluster_is_a_recorded_no_op() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
-def test_a_round_trip_keeps_every_value_and_adam_steps_on_the_cpu() -> None:
+def test_round_trips_keep_every_value_reuse_the_pinned_memory_and_leave_adam_steps_on_the_cpu() -> None:
     cuda = torch.device("cuda", torch.cuda.current_device())
     model, optimizer = trained_linear(cuda)
-    on_device = [tensor.clone() for _, _, tensor in _tensors(model, optimizer)]
-    assert len(on_device) == 8  # weight and bias, their grads, their two Adam moments each
-    offloaded = move(model, optimizer, CPU)
-    assert offloaded.bytes == sum(t.numel() * t.element_size() for t in on_device)
-    assert all(t.device == CPU and t.is_pinned() for _, _, t in _tensors(model, optimizer))
-    move(model, optimizer, cuda)
-    back = [tensor for _, _, tensor in _tensors(model, optimizer)]
-    assert all(t.device == cuda and torch.equal(t, e) for t, e in zip(back, on_device, strict=True))
-    assert all(state["step"].device == CPU for state in optimizer.state.values())
-    optimizer.step()
+    host = HostCopies()
+    first_pinned: list[int] = []
+    for _ in range(2):
+        on_device = [tensor.clone() for _, _, tensor in _tensors(model, optimizer)]
+        assert len(on_device) == 8  # weight and bias, their grads, their two Adam moments each
+        offloaded = move(model, optimizer, CPU, host)
+        assert offloaded.bytes == sum(t.numel() * t.element_size() for t in on_device)
+        assert all(t.device == CPU and t.is_pinned() for _, _, t in _tensors(model, optimizer))
+        pinned = [tensor.data_ptr() for _, _, tensor in _tensors(model, optimizer)]
+        assert pinned == (first_pinned or pinned)  # the second offload copies into the memory the first pinned
+        first_pinned = pinned
+        move(model, optimizer, cuda, host)
+        back = [tensor for _, _, tensor in _tensors(model, optimizer)]
+        assert all(t.device == cuda and torch.equal(t, e) for t, e in zip(back, on_device, strict=True))
+        assert all(state["step"].device == CPU for state in optimizer.state.values())
+        optimizer.step()  # new values for the next round trip

@@ -48,17 +48,44 @@ def _tensors(
     return found
 
 
-def move(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device) -> TransferRecord:
-    """Move a module and its optimizer state to `device` (pinned memory when the target is the CPU). Allocating
-    pinned memory each time costs nothing after the first offload: torch's host allocator caches the blocks (the
-    GPU suite measured steady offloads at the pinned copy rate)."""
+class HostCopies:
+    """The pinned host tensors one component offloads into, kept for the whole run.
+
+    Pinning host memory costs far more than copying into it (on an H100, the first offload of 7.9 GB ran at 1-4 GB/s
+    against 54 GB/s for the copy), so each offload after the first copies into the memory the last one pinned. Left
+    to torch's host allocator instead, an hf rollout engine pinned fresh memory at every sleep and never got the old
+    blocks back (+292 allocations, +1.86 GB pinned per sleep, measured with `torch.cuda.host_memory_stats`).
+    """
+
+    def __init__(self) -> None:
+        self._copies: dict[tuple[int, str], torch.Tensor] = {}
+
+    def like(self, owner: object, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The pinned tensor kept for `owner.name`, made on first use or when its shape or dtype changed. Keyed by
+        the owner's identity, which lasts as long as the parameter, module or optimizer state it names."""
+        key = (id(owner), name)
+        copy = self._copies.get(key)
+        if copy is None or copy.shape != tensor.shape or copy.dtype != tensor.dtype:
+            copy = self._copies[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        return copy
+
+
+def move(
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    device: torch.device,
+    host: HostCopies,
+) -> TransferRecord:
+    """Move a module and its optimizer state to `device`, into `host`'s pinned tensors when the target is the CPU.
+    The GPU suite measured offloads at 79-85% of the pinned copy rate on an H100
+    (the rest is freeing device memory, about 20 ms for 7.9 GB) and onloads at 91-98%."""
     start = time.perf_counter()
     moved = 0
     for owner, name, tensor in _tensors(module, optimizer):
         if tensor.device == device:
             continue
         if device.type == "cpu":
-            target = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            target = host.like(owner, name, tensor)
             target.copy_(tensor, non_blocking=True)
         else:
             target = tensor.to(device, non_blocking=True)

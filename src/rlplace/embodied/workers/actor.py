@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from rlplace.core.gradients import average_grads
-from rlplace.core.offload import move
+from rlplace.core.offload import HostCopies, move
 from rlplace.core.pending import load_pending, save_pending
 from rlplace.core.rng import rng_states, set_rng_states
 from rlplace.core.weights import broadcast_weights
@@ -44,6 +44,7 @@ class ActorWorker(Worker):
         self.model = MLPActorCritic(spec.obs_dim, spec.action, cfg.model.hidden_sizes, cfg.model.activation)
         self.model.to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algorithm.lr, eps=1e-5)
+        self.host_copies = HostCopies()
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
         self.version = 0
         """Weight version: the number of PPO updates these weights have had."""
@@ -180,11 +181,11 @@ class ActorWorker(Worker):
 
     @timer("offload")
     def offload(self) -> int:
-        return move(self.model, self.optimizer, torch.device("cpu")).bytes
+        return move(self.model, self.optimizer, torch.device("cpu"), self.host_copies).bytes
 
     @timer("onload")
     def onload(self) -> int:
-        return move(self.model, self.optimizer, self.device).bytes
+        return move(self.model, self.optimizer, self.device, self.host_copies).bytes
 
     def save_checkpoint(self, folder: str) -> None:
         """Rank 0 writes weights, optimizer, and RNG states (all ranks hold the same ones); every rank writes the

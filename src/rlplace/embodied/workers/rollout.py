@@ -12,7 +12,7 @@ import itertools
 import torch
 from torch import Tensor
 
-from rlplace.core.offload import move
+from rlplace.core.offload import HostCopies, move
 from rlplace.core.rng import uniform_noise
 from rlplace.core.weights import StaleWeightsError, receive_weights
 from rlplace.embodied.config import EmbodiedConfig
@@ -32,6 +32,7 @@ class RolloutWorker(Worker):
         self.model = MLPActorCritic(spec.obs_dim, spec.action, cfg.model.hidden_sizes, cfg.model.activation)
         self.model.requires_grad_(False)
         self.model.to(self.device)
+        self.host_copies = HostCopies()
         self.obs_dim = spec.obs_dim
         self.action_shape = () if spec.action.discrete else (spec.action.dim,)
         self.version = -1
@@ -103,8 +104,8 @@ class RolloutWorker(Worker):
 
     @timer("offload")
     def offload(self) -> int:
-        return move(self.model, None, torch.device("cpu")).bytes
+        return move(self.model, None, torch.device("cpu"), self.host_copies).bytes
 
     @timer("onload")
     def onload(self) -> int:
-        return move(self.model, None, self.device).bytes
+        return move(self.model, None, self.device, self.host_copies).bytes

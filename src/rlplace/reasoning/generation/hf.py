@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlplace.core.offload import move
+from rlplace.core.offload import HostCopies, move
 from rlplace.core.rng import uniform_noise
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 
@@ -51,6 +51,7 @@ class HFEngine:
         self.pad_id = int(config.pad_token_id) if config.pad_token_id is not None else self.eos_ids[0]
         self._static: dict[tuple[int, int], StaticDecoder] = {}
         self._pool: Any = None
+        self._host = HostCopies()
         self._step_model = torch.compile(self.model) if compile_step else None
 
     @torch.inference_mode()
@@ -126,12 +127,12 @@ class HFEngine:
         if self.device.type == "cuda":
             self._static.clear()
             self._pool = None
-            move(self.model, None, torch.device("cpu"))
+            move(self.model, None, torch.device("cpu"), self._host)
 
     def wake_up(self) -> None:
         """On a GPU, move the weights back (graphs are captured again on first use); no-op on CPU."""
         if self.device.type == "cuda":
-            move(self.model, None, self.device)
+            move(self.model, None, self.device, self._host)
 
     def close(self) -> None:
         """Nothing to release: the model is an ordinary module, freed with the engine."""

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from rlplace.core.gradients import average_grads
-from rlplace.core.offload import move
+from rlplace.core.offload import HostCopies, move
 from rlplace.core.pending import load_pending, save_pending
 from rlplace.core.rng import rng_states, set_rng_states
 from rlplace.core.weights import broadcast_weights
@@ -50,6 +50,7 @@ class LLMActorWorker(Worker):
         if alg.name == "ppo":
             self.critic = ValueModel.from_pretrained(model_path).to(self.device).train()
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=alg.critic_lr, weight_decay=0.0)
+        self.host_copies = HostCopies()
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
         self.version = 0
         self.pending: deque[list[SequenceBatch]] = deque()
@@ -194,14 +195,14 @@ class LLMActorWorker(Worker):
 
     @timer("offload")
     def offload(self) -> int:
-        moved = move(self.policy, self.optimizer, torch.device("cpu")).bytes
+        moved = move(self.policy, self.optimizer, torch.device("cpu"), self.host_copies).bytes
         if self.critic is not None:
-            moved += move(self.critic, self.critic_optimizer, torch.device("cpu")).bytes
+            moved += move(self.critic, self.critic_optimizer, torch.device("cpu"), self.host_copies).bytes
         return moved
 
     @timer("onload")
     def onload(self) -> int:
-        moved = move(self.policy, self.optimizer, self.device).bytes
+        moved = move(self.policy, self.optimizer, self.device, self.host_copies).bytes
         if self.critic is not None:
-            moved += move(self.critic, self.critic_optimizer, self.device).bytes
+            moved += move(self.critic, self.critic_optimizer, self.device, self.host_copies).bytes
         return moved

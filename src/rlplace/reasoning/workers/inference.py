@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rlplace.core.offload import move
+from rlplace.core.offload import HostCopies, move
 from rlplace.core.weights import receive_weights
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningConfig
@@ -29,6 +29,7 @@ class InferenceWorker(Worker):
         self.reference = (
             load_causal_lm(model_path, self.device).requires_grad_(False) if cfg.algorithm.kl_coef else None
         )
+        self.host_copies = HostCopies()
         self.version = 0
 
     @timer("sync_weights")
@@ -51,11 +52,11 @@ class InferenceWorker(Worker):
 
     @timer("offload")
     def offload(self) -> int:
-        return sum(move(m, None, torch.device("cpu")).bytes for m in self._models())
+        return sum(move(m, None, torch.device("cpu"), self.host_copies).bytes for m in self._models())
 
     @timer("onload")
     def onload(self) -> int:
-        return sum(move(m, None, self.device).bytes for m in self._models())
+        return sum(move(m, None, self.device, self.host_copies).bytes for m in self._models())
 
     def _models(self) -> list[torch.nn.Module]:
         return [m for m in (self.policy, self.reference) if m is not None]
