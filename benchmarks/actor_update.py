@@ -28,7 +28,7 @@ from rlplace.core.gradients import average_grads
 from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.ppo import ppo_update
+from rlplace.embodied.ppo import make_optimizer, ppo_update
 from rlplace.placement.placement import Placement
 from rlplace.scheduler import Cluster, Worker
 
@@ -42,7 +42,7 @@ def timed_updates(batch_size: int, average: Callable[[torch.Tensor], None] | Non
     spec = env_spec("CartPole-v1")
     torch.manual_seed(0)
     model = MLPActorCritic(spec.obs_dim, spec.action, [64, 64], "tanh")
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-5)
+    optimizer = make_optimizer(model, 1e-3)
     batch = {
         "obs": torch.randn(batch_size, spec.obs_dim),
         "actions": torch.randint(0, 2, (batch_size,)).float(),

@@ -34,7 +34,7 @@ from rlplace.embodied.advantages import compute_gae
 from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.envs import EnvSlice, env_spec
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.ppo import ppo_update
+from rlplace.embodied.ppo import make_optimizer, ppo_update
 
 
 @dataclass
@@ -56,7 +56,7 @@ def train(args: argparse.Namespace, seed: int) -> Result:
     n, T = args.num_envs, args.num_steps
     envs = EnvSlice(args.task, 0, n, seed)
     model = MLPActorCritic(spec.obs_dim, spec.action, args.hidden_sizes)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, eps=1e-5)
+    optimizer = make_optimizer(model, args.lr)
     params = PPOConfig(
         gamma=args.gamma,
         gae_lambda=args.gae_lambda,

@@ -22,7 +22,7 @@ from rlplace.embodied.advantages import compute_advantages
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.ppo import minibatch_step, ppo_update, proximal_logprobs
+from rlplace.embodied.ppo import make_optimizer, minibatch_step, ppo_update, proximal_logprobs
 from rlplace.embodied.profile import WARMUP, median_seconds, repeats_for, seconds_of
 from rlplace.embodied.streams import actor_pieces, actor_shard, all_streams
 from rlplace.embodied.trajectory import Trajectory
@@ -43,7 +43,7 @@ class ActorWorker(Worker):
         torch.manual_seed(cfg.runner.seed)
         self.model = MLPActorCritic(spec.obs_dim, spec.action, cfg.model.hidden_sizes, cfg.model.activation)
         self.model.to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.algorithm.lr, eps=1e-5)
+        self.optimizer = make_optimizer(self.model, cfg.algorithm.lr)
         self.host_copies = HostCopies()
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
         self.version = 0
