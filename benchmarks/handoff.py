@@ -36,7 +36,7 @@ from ray.cluster_utils import Cluster as RayTestCluster
 from ray.util.queue import Queue
 
 from rlplace.scheduler import Channel
-from rlplace.scheduler.cluster import _remove_session
+from rlplace.scheduler.cluster import remove_session
 from rlplace.scheduler.worker import pin_process
 
 SIZES = {"4 KB": 4 << 10, "1 MB": 1 << 20}
@@ -222,7 +222,7 @@ def main() -> None:
     finally:
         ray.shutdown()
         nodes.shutdown()
-        _remove_session(session)
+        remove_session(session)
     print(f"Round trip of one item between two processes ({args.count} round trips per 4 KB row)\n")
     print("| path | item | median (us) | p99 (us) |")
     print("|---|---|---:|---:|")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rlplace.scheduler.cluster import _remove_session
+from rlplace.scheduler.cluster import remove_session
 
 RAY_TEMP = Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray")
 
@@ -14,4 +14,4 @@ RAY_TEMP = Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray")
 def remove_sessions(pid: int) -> None:
     """Delete the session folders of the Rays that process `pid` started (Ray names a session after that pid)."""
     for session in RAY_TEMP.glob(f"session_*_{pid}"):
-        _remove_session(str(session))
+        remove_session(str(session))

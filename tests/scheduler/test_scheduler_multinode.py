@@ -23,7 +23,7 @@ from ray.util.placement_group import placement_group_table
 from rlplace.core.config import ClusterConfig
 from rlplace.placement.placement import Placement
 from rlplace.scheduler import Channel, Cluster, ClusterError, Worker
-from rlplace.scheduler.cluster import _remove_session
+from rlplace.scheduler.cluster import remove_session
 from rlplace.scheduler.mailbox import mailbox
 from tests.scheduler.helpers import on_devices
 
@@ -84,7 +84,7 @@ def ray_cluster(no_ray: None) -> Iterator[RayTestCluster]:
     session = nodes.head_node.get_session_dir_path()
     yield nodes
     nodes.shutdown()
-    _remove_session(session)  # Ray keeps it forever; rlplace's Cluster removes only the sessions it starts
+    remove_session(session)  # Ray keeps it forever; rlplace's Cluster removes only the sessions it starts
 
 
 def test_ranks_land_on_their_nodes_with_their_gpus(ray_cluster: RayTestCluster) -> None:

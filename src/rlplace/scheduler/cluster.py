@@ -426,7 +426,7 @@ def _disconnect(stop: bool) -> None:
     ray.shutdown()
     _kill(leftovers)
     if session is not None:
-        _remove_session(session)
+        remove_session(session)
 
 
 def _kill_monitor() -> None:
@@ -459,7 +459,7 @@ def _session_dir() -> str | None:
     return None if node is None else node.get_session_dir_path()
 
 
-def _remove_session(session: str) -> None:
+def remove_session(session: str) -> None:
     """Delete a stopped session's folder, and Ray's `session_latest` link when it points there: Ray keeps every
     session's folder under the temp dir forever, a few hundred KB per run."""
     shutil.rmtree(session, ignore_errors=True)
