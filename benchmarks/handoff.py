@@ -98,6 +98,10 @@ def pipe_ping_pong(item: np.ndarray, count: int) -> list[float]:
     return times
 
 
+LOCKSTEP_SPIN_US = 1000
+"""How long the polling lockstep row polls before sleeping (generation's channels do the same)."""
+
+
 def busy(seconds: float) -> None:
     """Compute (spin) for `seconds`: a stand-in for a simulator step or an inference."""
     end = time.perf_counter() + seconds
@@ -133,10 +137,12 @@ class LockstepSide:
         return times
 
 
-def channel_lockstep(count: int, work_s: float) -> list[float]:
-    """Per hand-off cost beyond the work: observations (a 4 KB-sized tuple) one way, actions back."""
+def channel_lockstep(count: int, work_s: float, spin_s: float) -> list[float]:
+    """Per hand-off cost beyond the work: observations (a 4 KB-sized tuple) one way, actions back; each `get` polls
+    up to `spin_s` before sleeping."""
     observations = (np.zeros((32, 28), np.float32), np.zeros(32, np.float32), np.zeros(32, np.float32))
-    obs, actions = Channel.create("obs", maxsize=2), Channel.create("actions", maxsize=2)
+    obs = Channel.create("obs", maxsize=2, spin_s=spin_s)
+    actions = Channel.create("actions", maxsize=2, spin_s=spin_s)
     env, rollout = LockstepSide.remote(0), LockstepSide.remote(1)
     answered = env.answer.remote(actions, obs, observations, count, work_s)
     times = ray.get(rollout.lead.remote(obs, actions, np.zeros(32, np.int64), count, work_s))
@@ -218,7 +224,13 @@ def main() -> None:
             count = args.count if nbytes < 1 << 20 else max(WARM_UP + 10, args.count // 10)
             for path, run in paths.items():
                 rows.append((path, size_name, summarise(run(np.zeros(nbytes // 8), count))))
-        lockstep.insert(0, ("Channel, one node", summarise(channel_lockstep(args.count, work_s))))
+        lockstep[:0] = [
+            ("Channel, one node, sleeping", summarise(channel_lockstep(args.count, work_s, 0.0))),
+            (
+                f"Channel, one node, polling up to {LOCKSTEP_SPIN_US} us",
+                summarise(channel_lockstep(args.count, work_s, LOCKSTEP_SPIN_US * 1e-6)),
+            ),
+        ]
     finally:
         ray.shutdown()
         nodes.shutdown()

@@ -135,11 +135,13 @@ class AsyncSchedule:
 
 
 @contextmanager
-def open_channels(kind: type[C], **maxsizes: int) -> Iterator[C]:
+def open_channels(kind: type[C], spinning: Mapping[str, float] | None = None, **maxsizes: int) -> Iterator[C]:
     """Create one channel per field of `kind` (a NamedTuple of Channels) with the given bounds; close them after.
 
-    `maxsize` 0 is unbounded."""
-    opened = {name: Channel.create(name, maxsize) for name, maxsize in maxsizes.items()}
+    `maxsize` 0 is unbounded. `spinning` gives channels whose readers poll before sleeping, and how long
+    (`Channel.create`'s `spin_s`)."""
+    spin = {} if spinning is None else spinning
+    opened = {name: Channel.create(name, maxsize, spin.get(name, 0.0)) for name, maxsize in maxsizes.items()}
     try:
         yield kind(**opened)
     finally:

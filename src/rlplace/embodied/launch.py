@@ -19,6 +19,7 @@ from rlplace.embodied.workers import ActorWorker, EnvWorker, RolloutWorker
 from rlplace.metrics import MetricLogger
 from rlplace.placement import HybridComponentPlacement
 from rlplace.scheduler import Cluster, StartingGroup, WorkerGroupSpec, wait_started
+from rlplace.scheduler.serving import serve
 
 
 class StartingRun(NamedTuple):
@@ -77,9 +78,10 @@ def train(
         history=history,
         device_cores=starting.device_cores,
     )
-    runner.init_workers()
-    startup_s = time.monotonic() - started
-    final = runner.run()
+    with serve(env, rollout, actor):  # the step's calls through the mailboxes: a Ray call costs a ms each way
+        runner.init_workers()
+        startup_s = time.monotonic() - started
+        final = runner.run()
     final["run/startup_s"] = startup_s
     final["final/return_last20"] = final.get("env/return_last20", math.nan)
     return final

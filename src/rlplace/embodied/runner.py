@@ -2,9 +2,10 @@
 
 Each step:
   1. update_rollout_weights         actor rank 0 -> every rollout rank (bucketed broadcast, versioned)
-  2. generate_rollouts              env.interact, rollout.generate and actor.recv_rollout_batch run together,
-                                    exchanging observations and actions through two channels, stage by stage
-  3. compute_advantages_and_returns on the actor ranks (GAE or group-normalised)
+  2. generate_rollouts              env.interact and rollout.generate run together, exchanging observations and
+                                    actions through two channels, stage by stage; trajectories go to the actor
+                                    ranks' mailboxes
+  3. compute_advantages_and_returns on the actor ranks (GAE or group-normalised), once they took in the batch
   4. run_training                   PPO, data-parallel over actor ranks
   5. record                         time/*, throughput/*, util/*, train/*, env/* -> metrics.jsonl and the logger
 After the last step, with runner.profile=true, each component times its unit of work alone (`profile.measure`)
@@ -38,10 +39,17 @@ from rlplace.embodied.config import COMPONENTS, FAMILY, EmbodiedConfig
 from rlplace.embodied.envs import EpisodeStats, merge_episode_stats
 from rlplace.metrics import MetricLogger, PhaseTimer, TrainingProgress, throughput_metrics
 from rlplace.placement import ComponentPlacement
-from rlplace.scheduler import Channel, WorkerGroup, wait_all
+from rlplace.scheduler import Channel, GroupFuture, WorkerGroup, wait_all
 
 RETURN_WINDOW = 20
 """`env/return_last20`: the mean return of the last this many finished episodes (CartPole is solved at 475)."""
+LOCKSTEP_SPIN_S = 0.001
+"""How long env and rollout poll for each other's next item before sleeping (`Channel.create`'s `spin_s`): longer
+than a simulator step or an inference, so that in steady state neither sleeps and each item is taken within
+microseconds instead of after a wake-up (a median hand-off of 35 against 100 us in `make run`). Polling holds the
+waiting side's core, which nothing else needs then: the actor never trains on cores that generation uses while it
+runs (`AsyncSchedule.overlap`), and a side whose peer shares its cores does not poll at all."""
+LOCKSTEP_SPIN = {"obs": LOCKSTEP_SPIN_S, "actions": LOCKSTEP_SPIN_S}
 PHASES = (
     ("sync_weights", frozenset({"actor", "rollout"})),
     ("generate_rollouts", frozenset({"env", "rollout"})),
@@ -54,9 +62,10 @@ log = logging.getLogger(__name__)
 
 
 class Channels(NamedTuple):
-    """The queues of generation. Each env stream has at most two observations in flight (the last of a step and the
-    first of the next, sent together) and one action, so a bound of 2 is plenty and catches a runaway producer;
-    trajectories wait for the actor unbounded."""
+    """The queues of generation, unbounded. Env and rollout take turns per stream, so each stream has at most two
+    observations in flight (the last of a step and the first of the next, sent together) and one action: a bound
+    could never bind, and would cost a credit frame back per item (about 5 us on each hand-off). Trajectories wait
+    for the actor."""
 
     obs: Channel
     """env -> rollout: (observation, reward, done) per stream."""
@@ -106,6 +115,8 @@ class EmbodiedRunner:
         self.training_window: tuple[float, float] | None = None
         """When training ran beside generation this step: the window in which the actor's busy time is its
         time/training (the driver cannot time a phase it does not wait on alone)."""
+        self.unreceived = 0
+        """Batches generated that the actor has not been asked to take in yet (`receive_batches`)."""
         self.schedule = AsyncSchedule.of(placement, cfg.runner.max_staleness, cfg.runner.max_steps, trainer="actor")
 
     def init_workers(self) -> None:
@@ -128,7 +139,7 @@ class EmbodiedRunner:
         metrics: dict[str, float] = {}
         start, steps_before = time.perf_counter(), self.total_env_steps
         with (
-            open_channels(Channels, obs=2, actions=2, trajectories=0) as channels,
+            open_channels(Channels, LOCKSTEP_SPIN, obs=0, actions=0, trajectories=0) as channels,
             TrainingProgress(cfg.max_steps) as progress,
         ):
             progress.update(self.start_step)
@@ -199,7 +210,7 @@ class EmbodiedRunner:
                     self.switcher.before("generate_rollouts")
                     found, served = self.generate_rollouts(ahead, step, channels)
                 self.switcher.before("training")
-                self.compute_advantages_and_returns()
+                self.compute_advantages_and_returns(channels)
                 train_stats = self.run_training(step)
             if ahead is not None:
                 episodes, env_steps = episodes + found, env_steps + served
@@ -217,8 +228,9 @@ class EmbodiedRunner:
         # The rollout first: its call is the one the step waits for (the env's first observations are queued).
         generated = self.rollout.generate(step, version, channels.obs, channels.actions, channels.trajectories)
         interacted = self.env.interact(self.cfg.rollout.num_steps, channels.obs, channels.actions)
+        self.unreceived += 1
         try:
-            episodes, served, _ = wait_all(interacted, generated, self.actor.recv_rollout_batch(channels.trajectories))
+            episodes, served = wait_all(interacted, generated)
         finally:
             self.generation_window = (start, self.timer.now())
             self.timer.add("generate_rollouts", *self.generation_window)
@@ -232,19 +244,29 @@ class EmbodiedRunner:
         start = self.timer.now()
         generated = self.rollout.generate(ahead, step, channels.obs, channels.actions, channels.trajectories)
         interacted = self.env.interact(self.cfg.rollout.num_steps, channels.obs, channels.actions)
+        taken = self.receive_batches(channels)
         advantages = self.actor.compute_advantages_and_returns()
         trained = self.actor.run_training(step)
         received = self.actor.recv_rollout_batch(channels.trajectories)
         episodes, served = wait_all(interacted, generated)  # the rollout never waits for the actor: safe apart
         self.generation_window = (start, self.timer.now())
         self.timer.add("generate_rollouts", *self.generation_window)
-        _, train_stats, _ = wait_all(advantages, trained, received)
+        *_, train_stats, _ = wait_all(*taken, advantages, trained, received)
         self.training_window = (start, self.timer.now())
         return episodes, sum(served), train_stats[0]
 
-    def compute_advantages_and_returns(self) -> None:
+    def receive_batches(self, channels: Channels) -> list[GroupFuture]:
+        """Ask the actor to take in the batches generated since the last call. Only now: an actor already waiting
+        for its trajectories during generation would unpickle them as they come, on a core that env or rollout may
+        be using; asked afterwards, it takes in what its mailbox holds."""
+        taken = [self.actor.recv_rollout_batch(channels.trajectories) for _ in range(self.unreceived)]
+        self.unreceived = 0
+        return taken
+
+    def compute_advantages_and_returns(self, channels: Channels) -> None:
+        """Once the actor has taken in the batches generated (`receive_batches`, timed with this phase)."""
         with self.timer.phase("advantages"):
-            self.actor.compute_advantages_and_returns().wait()
+            wait_all(*self.receive_batches(channels), self.actor.compute_advantages_and_returns())
 
     def run_training(self, step: int) -> dict[str, float]:
         with self.timer.phase("training"):

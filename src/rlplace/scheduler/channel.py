@@ -30,7 +30,7 @@ from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlplace.scheduler.errors import ChannelError, ChannelTimeout
-from rlplace.scheduler.mailbox import Address, Mailbox, mailbox
+from rlplace.scheduler.mailbox import Address, Mailbox, QueueId, mailbox
 
 
 class _Backlog:
@@ -98,15 +98,21 @@ class Channel:
     `put` and `get` block up to `timeout` seconds, then raise `ChannelTimeout`.
     """
 
-    def __init__(self, name: str, maxsize: int, channel_id: str) -> None:
+    def __init__(self, name: str, maxsize: int, channel_id: str, spin_s: float = 0.0) -> None:
         """A handle on an existing channel; use `Channel.create` instead."""
         self.name = name
         self.maxsize = maxsize
+        self.spin_s = spin_s
         self._id = channel_id
 
     @classmethod
-    def create(cls, name: str, maxsize: int = 0) -> Channel:
+    def create(cls, name: str, maxsize: int = 0, spin_s: float = 0.0) -> Channel:
         """A new channel labelled `name` in messages; `maxsize` bounds each key's queue, 0 = unbounded.
+
+        `spin_s` > 0: a `get` on an empty key polls up to that long before its process sleeps, when the reader and
+        the key's writers are pinned to disjoint cores. Waking a sleeping process costs tens of microseconds, more
+        than a hand-off itself; polling costs the reader's core meanwhile, so give it only to channels whose readers
+        have nothing else to run on their cores while they wait (generation's lockstep, `rlplace.core.runner`).
 
         Its registry lives on the caller's node, while the caller's process lives or until `close`.
         """
@@ -116,7 +122,7 @@ class Channel:
         node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         registry = _Registry.options(name=_registry_name(channel_id), scheduling_strategy=node).remote(maxsize)
         _REGISTRIES[channel_id] = registry  # holds it: Ray ends an actor nobody holds a handle to
-        return cls(name, maxsize, channel_id)
+        return cls(name, maxsize, channel_id, spin_s)
 
     @property
     def _registry(self) -> ActorHandle:
@@ -152,10 +158,21 @@ class Channel:
         box, queue = mailbox(), (self._id, key)
         with box.lock:
             self._register(box, key)
-            received, item = box.receive(queue, self.maxsize, _deadline(timeout), self._where(key))
+            received, item = box.receive(queue, self.maxsize, _deadline(timeout), self._where(key), self.spin_s)
         if not received:
             raise ChannelTimeout(self.name, key, "get", timeout)
         return item
+
+    def subscribe(self, key: Hashable = None) -> None:
+        """Make this process the reader of `key` now, rather than at its first `get`: writers then send to it
+        directly from their first item, without the registry's slow path."""
+        box = mailbox()
+        with box.lock:
+            self._register(box, key)
+
+    def queue(self, key: Hashable = None) -> QueueId:
+        """The mailbox queue of `key`."""
+        return (self._id, key)
 
     def _register(self, box: Mailbox, key: Hashable) -> None:
         """Make this process the reader of `key` on its first `get`, taking in what the registry held meanwhile."""

@@ -10,32 +10,41 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from rlplace.scheduler.errors import ChannelError, WorkerError, WorkerTimeout
 
+if TYPE_CHECKING:
+    from rlplace.scheduler.serving import GroupServing
+
 _POLL_S = 0.5
 """Longest single `ray.wait`, so a waiting driver still reacts to Ctrl-C promptly."""
 PEER_DEATH_GRACE_S = 5.0
 """How long a call that failed because its channel peer is gone waits for the peer's own call to report the death,
 which is the error to name (Ray notices a dead actor within about a second)."""
+MIXED_POLL_S = 0.001
+"""Longest wait on either kind while both Ray-backed and served calls are pending: the driver cannot block on Ray
+and on its mailbox at once."""
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class GroupFuture:
-    """Results of `method` on `ranks`, in that order; one Ray ObjectRef per rank (`refs`)."""
+    """Results of `method` on `ranks`, in that order; one Ray ObjectRef per rank (`refs`), or for a served group
+    (`rlplace.scheduler.serving`) one call id per rank."""
 
     def __init__(
         self,
         group: str,
         method: str,
         ranks: Sequence[int],
-        refs: Sequence[ray.ObjectRef],
+        refs: Sequence[Any],
         deadline_s: float | None = None,
+        served: GroupServing | None = None,
     ) -> None:
+        self.served = served
         self.group = group
         self.method = method
         self.ranks = tuple(ranks)
@@ -63,20 +72,45 @@ class GroupFuture:
         pending = [rank for i, rank in enumerate(self.ranks) if i not in self._results]
         return WorkerTimeout(self.group, pending[0], self.method, seconds, reason)
 
-    def _translate(self, rank: int, error: RayError) -> WorkerError:
-        if isinstance(error, RayTaskError):
-            traceback = _ANSI.sub("", str(error))
-            return WorkerError(self.group, rank, self.method, "raised an exception", traceback, error.cause)
-        if isinstance(error, RayActorError) and error.actor_init_failed:
-            traceback = _ANSI.sub("", str(error))
-            return WorkerError(self.group, rank, self.method, "failed: the worker's __init__ raised", traceback)
-        if isinstance(error, RayActorError):
-            detail = _ANSI.sub("", str(error)).strip().splitlines()
-            reason = "failed: the worker process died"
-            if detail:
-                reason += f" ({' '.join(line.strip() for line in detail[:2])})"
-            return WorkerError(self.group, rank, self.method, reason)
-        return WorkerError(self.group, rank, self.method, f"failed in Ray: {type(error).__name__}: {error}")
+    def _pending(self) -> bool:
+        return self._error is None and len(self._results) < len(self.refs)
+
+    def _take_replies(self) -> None:
+        """A served future: claim the replies that arrived; a rank whose process died fails it."""
+        served = self.served
+        assert served is not None
+        served.take()
+        for i, (rank, call_id) in enumerate(zip(self.ranks, self.refs, strict=True)):
+            if i in self._results:
+                continue
+            reply = served.results.pop((rank, call_id), None)
+            if reply is not None and reply.ok:
+                self._results[i] = reply.value
+            elif reply is not None:
+                from rlplace.scheduler.serving import reply_error
+
+                self._error = reply_error(self.group, self.method, reply)
+            elif served.died(rank):
+                self._error = WorkerError(self.group, rank, self.method, "failed: the worker process died")
+            if self._error is not None:
+                return
+
+
+def translate_ray_error(group: str, rank: int, method: str, error: RayError) -> WorkerError:
+    """Ray's exception for a failed call, as a WorkerError naming group, rank and method."""
+    if isinstance(error, RayTaskError):
+        traceback = _ANSI.sub("", str(error))
+        return WorkerError(group, rank, method, "raised an exception", traceback, error.cause)
+    if isinstance(error, RayActorError) and error.actor_init_failed:
+        traceback = _ANSI.sub("", str(error))
+        return WorkerError(group, rank, method, "failed: the worker's __init__ raised", traceback)
+    if isinstance(error, RayActorError):
+        detail = _ANSI.sub("", str(error)).strip().splitlines()
+        reason = "failed: the worker process died"
+        if detail:
+            reason += f" ({' '.join(line.strip() for line in detail[:2])})"
+        return WorkerError(group, rank, method, reason)
+    return WorkerError(group, rank, method, f"failed in Ray: {type(error).__name__}: {error}")
 
     def __repr__(self) -> str:
         state = "failed" if self._error else f"{len(self._results)}/{len(self.refs)} done"
@@ -120,7 +154,36 @@ def _root_cause(futures: Sequence[GroupFuture], error: WorkerError) -> WorkerErr
 
 
 def _collect(futures: Sequence[GroupFuture], timeout: float) -> None:
-    """Fetch every result of `futures` that is ready, waiting up to `timeout` for the first one.
+    """Fetch every result of `futures` that is ready, waiting up to `timeout` for the first one."""
+    served = [future for future in futures if future.served is not None and future._pending()]
+    by_ray = [future for future in futures if future.served is None]
+    if served:
+        from rlplace.scheduler.serving import wait_for_any_reply
+
+        for future in served:
+            future._take_replies()
+        pending = [future for future in served if future._pending()]
+        if pending and timeout > 0:
+            ray_pending = any(future._pending() for future in by_ray)
+            wait_for_any_reply(min(timeout, MIXED_POLL_S) if ray_pending else timeout)
+            for future in pending:
+                future._take_replies()
+            if all(future._pending() for future in pending) and not ray_pending:
+                _check_loops(pending)
+        timeout = 0.0
+    _collect_ray(by_ray, timeout)
+
+
+def _check_loops(futures: Sequence[GroupFuture]) -> None:
+    """Fail a served future whose group's loop ended under it (no reply will ever come); checked only when a wait
+    passed with no reply, since it asks Ray."""
+    for future in futures:
+        assert future.served is not None
+        future._error = future.served.failed_loop(future.method)
+
+
+def _collect_ray(futures: Sequence[GroupFuture], timeout: float) -> None:
+    """The Ray-backed part of `_collect`.
 
     One `ray.wait` over the refs of all of them: a step's calls finish close together, and each Ray call the driver
     makes between them is time the step waits."""
@@ -145,7 +208,7 @@ def _collect(futures: Sequence[GroupFuture], timeout: float) -> None:
             errors.setdefault(future, {})[index] = error
     for future, failed in errors.items():
         first = min(failed)
-        future._error = future._translate(future.ranks[first], failed[first])
+        future._error = translate_ray_error(future.group, future.ranks[first], future.method, failed[first])
 
 
 def _timeout_and_reason(timeout: float | None, futures: Sequence[GroupFuture]) -> tuple[float | None, str]:

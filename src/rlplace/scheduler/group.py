@@ -28,6 +28,7 @@ from rlplace.scheduler.future import GroupFuture, wait_all
 
 if TYPE_CHECKING:
     from rlplace.scheduler.cluster import Cluster
+    from rlplace.scheduler.serving import GroupServing
     from rlplace.scheduler.worker import Worker
 
 GRACEFUL_EXIT_S = 3.0
@@ -48,6 +49,7 @@ _GROUP_ATTRIBUTES = frozenset(
         "execute_on",
         "terminate",
         "call_timeout_s",
+        "serving",
     }
 )
 """WorkerGroup's own attributes; a worker method of the same name could not be called through the group."""
@@ -159,6 +161,8 @@ class WorkerGroup:
         self.placements = placements
         self.workers = workers
         self.terminated = False
+        self.serving: GroupServing | None = None
+        """Set while the group is served (`rlplace.scheduler.serving.serve`): calls go through the mailboxes."""
         self._methods = methods
 
     @property
@@ -186,6 +190,9 @@ class WorkerGroup:
             )
         if self.terminated:
             raise RuntimeError(f"group {self.name!r} was terminated; cannot call {method}()")
+        if self.serving is not None:
+            ids = self.serving.send(method, tuple(ranks), args, kwargs)
+            return GroupFuture(self.name, method, ranks, ids, self.call_timeout_s, served=self.serving)
         refs = [getattr(self.workers[rank], method).remote(*args, **kwargs) for rank in ranks]
         return GroupFuture(self.name, method, ranks, refs, self.call_timeout_s)
 

@@ -32,6 +32,7 @@ from rlplace.scheduler.group import WorkerGroupSpec
 if TYPE_CHECKING:
     import torch
 
+    from rlplace.scheduler.channel import Channel
     from rlplace.scheduler.collective import Payload, Transfers
     from rlplace.scheduler.group_mean import GroupMean
 
@@ -98,6 +99,13 @@ class Worker:
         """Hand over and forget the spans of `@timer` methods and `span` blocks recorded since the last pop."""
         spans, self._spans = self._spans, []
         return spans
+
+    def _serve(self, requests: Channel, replies: Channel) -> None:
+        """Run the calls the driver sends this rank through `requests`, answering on `replies`, until told to stop:
+        the one long Ray call of a served group (`rlplace.scheduler.serving`)."""
+        from rlplace.scheduler.serving import serve_calls
+
+        serve_calls(self, requests, replies)
 
     def init_process_group(self, timeout_s: float = 300.0) -> None:
         """Join this group's default torch.distributed process group (gloo on cpu, nccl on gpu), e.g. for DDP."""
