@@ -71,6 +71,27 @@ class Trajectory:
             )
         return Trajectory(**merged)
 
+    def ending(self) -> Ending:
+        """What only the env's answer to the last action fills: sent after the rest of the trajectory, so that the
+        rest travels while the env takes its last step."""
+        return Ending(self.env_indices, self.rewards[-1], self.last_value, self.last_done)
+
+    def finish(self, ending: Ending) -> None:
+        """Take in the `ending` of these columns (in place)."""
+        assert torch.equal(ending.env_indices, self.env_indices), "an ending belongs to the columns it was cut from"
+        self.rewards[-1], self.last_value, self.last_done = ending.last_reward, ending.last_value, ending.last_done
+
+    @staticmethod
+    def assemble(parts: list[Trajectory | Ending]) -> Trajectory:
+        """The batch from trajectories sent without their endings and those endings, in any order (several rollout
+        ranks write to one actor): each ending finishes the trajectory of the same envs; then `merge`."""
+        endings = {int(p.env_indices[0]): p for p in parts if isinstance(p, Ending)}
+        bodies = [p for p in parts if isinstance(p, Trajectory)]
+        assert len(bodies) == len(endings), f"{len(bodies)} trajectories and {len(endings)} endings"
+        for body in bodies:
+            body.finish(endings[int(body.env_indices[0])])
+        return Trajectory.merge(bodies)
+
     def columns(self, start: int, end: int) -> Trajectory:
         """The envs in positions [start, end) of this trajectory (an actor rank's data-parallel shard)."""
         picked = {}
@@ -78,3 +99,14 @@ class Trajectory:
             value = getattr(self, f.name)
             picked[f.name] = value[start:end] if f.name in PER_ENV else value[:, start:end]
         return Trajectory(**picked)
+
+
+@dataclass
+class Ending:
+    """The end of a trajectory's columns, known only once the env answered the last action (`Trajectory.ending`)."""
+
+    env_indices: Tensor
+    last_reward: Tensor
+    """The reward for the last action, [n]: the trajectory's rewards[-1]."""
+    last_value: Tensor
+    last_done: Tensor

@@ -104,6 +104,7 @@ class Channel:
         self.maxsize = maxsize
         self.spin_s = spin_s
         self._id = channel_id
+        self._wheres: dict[Hashable, str] = {}
 
     @classmethod
     def create(cls, name: str, maxsize: int = 0, spin_s: float = 0.0) -> Channel:
@@ -213,7 +214,19 @@ class Channel:
         mailbox().forget(self._id)
 
     def _where(self, key: Hashable) -> str:
-        return f"channel {self.name!r}" if key is None else f"channel {self.name!r} key {key!r}"
+        """How errors name `key`: built once per key and handle, not once per item."""
+        where = self._wheres.get(key)
+        if where is None:
+            where = self._wheres[key] = (
+                f"channel {self.name!r}" if key is None else f"channel {self.name!r} key {key!r}"
+            )
+        return where
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "maxsize": self.maxsize, "spin_s": self.spin_s, "_id": self._id}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _wheres={})
 
     def __repr__(self) -> str:
         return f"Channel(name={self.name!r}, maxsize={self.maxsize})"

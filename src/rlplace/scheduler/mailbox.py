@@ -74,9 +74,11 @@ QueueId = tuple[str, Hashable]
 """A channel's id and one of its keys: one FIFO."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Address:
-    """How to reach a mailbox: its node, its sockets, the token it accepts, and the name errors give it."""
+    """How to reach a mailbox: its node, its sockets, the token it accepts, and the name errors give it. Two
+    addresses are equal when their tokens are, which are random and one per mailbox: comparing and hashing 16 bytes
+    instead of every field is a few microseconds less per item."""
 
     node_id: str
     unix: str
@@ -86,6 +88,12 @@ class Address:
     name: str
     cores: tuple[int, ...] = ()
     """The CPU cores the process is pinned to; empty when it is not pinned."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Address) and self.token == other.token
+
+    def __hash__(self) -> int:
+        return hash(self.token)
 
 
 @dataclass(eq=False)

@@ -38,7 +38,8 @@ class ActorWorker(Worker):
             for stream in streams
             for rank, _, _ in actor_pieces(stream, cfg.task.total_num_envs, self.world_size)
         )
-        """Trajectory pieces per step: one from each stream that overlaps this rank's shard."""
+        """Trajectory pieces per step: one from each stream that overlaps this rank's shard (each sent in two
+        parts, `Trajectory.ending`)."""
         spec = env_spec(cfg.task.env_id)
         torch.manual_seed(cfg.runner.seed)
         self.model = MLPActorCritic(spec.obs_dim, spec.action, cfg.model.hidden_sizes, cfg.model.activation)
@@ -70,9 +71,9 @@ class ActorWorker(Worker):
 
         Not timed as a whole: it mostly waits for the rollout, and the timeline should show the actor idle then.
         """
-        parts = [trajectory_channel.get(key=f"actor{self.rank}") for _ in range(self.num_pieces)]
+        parts = [trajectory_channel.get(key=f"actor{self.rank}") for _ in range(2 * self.num_pieces)]
         with self.span("recv_rollout_batch"):
-            self.pending.append(Trajectory.merge(parts))
+            self.pending.append(Trajectory.assemble(parts))
         return int(self.pending[-1].rewards.numel())
 
     @timer("advantages")
