@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import fields
 
 import torch
@@ -63,3 +64,14 @@ def test_columns_cut_an_actor_shard() -> None:
     # Shards of a merge put back together give the merge.
     merged = Trajectory.merge([_filled([2, 3]), _filled([0, 1])])
     _assert_equal(Trajectory.merge([merged.columns(2, 4), merged.columns(0, 2)]), whole)
+
+
+def test_columns_sent_before_their_ending_assemble_into_the_whole() -> None:
+    # The rollout sends each actor rank its columns once the last action is out, the reward for it and the
+    # bootstrap value after; pieces from several streams arrive in any order.
+    whole = _filled([0, 1, 2, 3])
+    early = [copy.deepcopy(whole.columns(2, 4)), copy.deepcopy(whole.columns(0, 2))]  # sent: copies, as pickled
+    for piece in early:  # not known yet when they left
+        piece.rewards[-1], piece.last_value, piece.last_done = 0.0, torch.zeros(2), torch.zeros(2)
+    endings = [whole.columns(0, 2).ending(), whole.columns(2, 4).ending()]
+    _assert_equal(Trajectory.assemble([early[0], endings[0], endings[1], early[1]]), whole)

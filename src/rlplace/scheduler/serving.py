@@ -68,7 +68,7 @@ def serve_calls(worker: Worker, requests: Channel, replies: Channel) -> None:
             raise
         except Exception as error:  # a result or exception that cannot be pickled
             text = f"{call.method}() returned or raised what cannot be sent back: {type(error).__name__}: {error}"
-            replies.put(Reply(worker.rank, call.id, False, RuntimeError(text), reply.traceback), key=group)
+            replies.put(Reply(worker.rank, call.id, False, RuntimeError(text), reply.traceback or text), key=group)
 
 
 @dataclass(eq=False)
