@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from rlplace.scheduler import Cluster, Worker, WorkerError, WorkerGroup, WorkerTimeout, wait_all
-from rlplace.scheduler.serving import serve
+from rlplace.scheduler import Cluster, Worker, WorkerError, WorkerGroup, WorkerTimeout, serve, wait_all
 from tests.scheduler.helpers import on_devices
 
 

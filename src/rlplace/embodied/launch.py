@@ -18,8 +18,7 @@ from rlplace.embodied.runner import EmbodiedRunner
 from rlplace.embodied.workers import ActorWorker, EnvWorker, RolloutWorker
 from rlplace.metrics import MetricLogger
 from rlplace.placement import HybridComponentPlacement
-from rlplace.scheduler import Cluster, StartingGroup, WorkerGroupSpec, wait_started
-from rlplace.scheduler.serving import serve
+from rlplace.scheduler import Cluster, StartingGroup, WorkerGroupSpec, serve, wait_started
 
 
 class StartingRun(NamedTuple):

@@ -3,7 +3,8 @@
 `Cluster` holds the Ray cluster and its devices; `Worker` subclasses are launched as `WorkerGroup`s (several side by
 side with `start` and `wait_started`) whose method calls fan out to every rank and return a `GroupFuture` (`wait_all`
 waits on several at once); `Channel` queues data between groups; `Worker.broadcast` and `Worker.recv` move tensors
-between groups; `@timer` records where the time went.
+between groups; `@timer` records where the time went; `serve` sends a group's calls through the mailboxes instead of
+Ray, for loops that call every few milliseconds.
 
     with Cluster(cfg.cluster) as cluster:
         actor = ActorWorker.create_group(cfg).launch(cluster, name="actor", placement_strategy=strategy)
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from rlplace.scheduler.cluster import Cluster
     from rlplace.scheduler.future import GroupFuture, wait_all
     from rlplace.scheduler.group import StartingGroup, WorkerGroup, WorkerGroupSpec, wait_started
+    from rlplace.scheduler.serving import serve
     from rlplace.scheduler.worker import Worker
 
 _MODULE_OF = {
@@ -38,6 +40,7 @@ _MODULE_OF = {
     "Worker": "worker",
     "WorkerGroup": "group",
     "WorkerGroupSpec": "group",
+    "serve": "serving",
     "wait_all": "future",
     "wait_started": "group",
 }
@@ -54,6 +57,7 @@ __all__ = [
     "WorkerGroup",
     "WorkerGroupSpec",
     "WorkerTimeout",
+    "serve",
     "timer",
     "wait_all",
     "wait_started",

@@ -14,9 +14,9 @@ back to ride with the reader's next frame saves a frame per item, but a reader w
 `get` would then starve its writer of room until its next channel call, which can deadlock a step.)
 
 A frame is an 8-byte length, an envelope (what the frame is, for which queue) and a payload: an item, pickled
-(protocol 5) with CPU tensors as numpy arrays and arrays as their raw bytes (torch's own pickling of a tensor costs
-about 20 times as much, 130 us against 7 us for 18 KB, and a view sends only its own elements). The reader unpickles
-an item only when a `get` takes it. The first frame on a connection is the connecting peer's `hello`: the
+(protocol 5) with CPU tensors as numpy arrays and small arrays as their raw bytes (torch's own pickling of a tensor
+costs about 20 times as much, 130 us against 7 us for 18 KB, and a view sends only its own elements). The reader
+unpickles an item only when a `get` takes it. The first frame on a connection is the connecting peer's `hello`: the
 listener's token, which only the registry hands out, and the peer's address.
 
 A writer never waits for a reader to be in a channel call, however large the items. A Unix socket asks for a send
@@ -57,6 +57,8 @@ from rlplace.scheduler.errors import ChannelError
 
 _HEADER = struct.Struct("!Q")
 """Each frame starts with its length and its envelope's: `_HEADER` twice, then the envelope, then the payload."""
+_SMALL_ARRAY_BYTES = 64 << 10
+"""Arrays up to this size travel as raw bytes with dtype and shape (`_array`)."""
 _RECV_BYTES = 64 << 10
 """Read at most this much per call: a buffer this small is allocated without mapping fresh pages."""
 LARGE_BYTES = 64 << 10
@@ -138,11 +140,18 @@ class _Pickler(pickle.Pickler):
     """pickle, with CPU tensors that numpy can hold pickled as numpy arrays, and numpy arrays of plain dtypes as
     their raw bytes, dtype and shape (`_array`): half the cost of numpy's own pickling each way for the small arrays
     of a hand-off (4.4 against 8.5 us to pickle an observation message of three, 2.7 against 4.0 us to unpickle it,
-    best of 7 runs)."""
+    best of 7 runs). A larger array goes as numpy pickles it, written straight into the frame: a copy of it first
+    would cost more than the calls saved."""
 
     def reducer_override(self, obj: Any) -> Any:
         numpy = sys.modules.get("numpy")  # a process without numpy holds no arrays
-        if numpy is not None and type(obj) is numpy.ndarray and obj.dtype.fields is None and not obj.dtype.hasobject:
+        if (
+            numpy is not None
+            and type(obj) is numpy.ndarray
+            and obj.nbytes <= _SMALL_ARRAY_BYTES
+            and obj.dtype.fields is None
+            and not obj.dtype.hasobject
+        ):
             return _array, (bytearray(obj if obj.flags.c_contiguous else obj.copy()), obj.dtype.str, obj.shape)
         torch = sys.modules.get("torch")  # a process without torch holds no tensors
         if (
@@ -162,10 +171,19 @@ def _array(data: bytearray, dtype: str, shape: tuple[int, ...]) -> Any:
     return numpy.frombuffer(data, dtype).reshape(shape)
 
 
-def _dumps(obj: Any) -> bytes:
+def _frame(envelope: tuple[Any, ...], *item: Any) -> memoryview:
+    """A whole frame: its length, its envelope's length, the envelope, and the pickled `item` if given (what
+    `_unframe` reads), written into one buffer, so that a large item is copied once."""
     buffer = io.BytesIO()
-    _Pickler(buffer, protocol=5).dump(obj)
-    return buffer.getvalue()
+    buffer.write(bytes(2 * _HEADER.size))
+    pickle.dump(envelope, buffer, protocol=5)
+    head_end = buffer.tell()
+    if item:
+        _Pickler(buffer, protocol=5).dump(item[0])
+    frame = buffer.getbuffer()
+    _HEADER.pack_into(frame, 0, len(frame) - _HEADER.size)
+    _HEADER.pack_into(frame, _HEADER.size, head_end - 2 * _HEADER.size)
+    return frame
 
 
 class _Pickled:
@@ -245,7 +263,7 @@ class Mailbox:
                 if not self.pump(deadline):
                     return False
             self.in_flight[queue] = self.in_flight.get(queue, 0) + 1
-        self._write(peer, ("put", queue), gone, _dumps(item))
+        self._write(peer, ("put", queue), gone, item)
         return True
 
     def _connect(self, to: Address, gone: str) -> _Peer:
@@ -275,23 +293,23 @@ class Mailbox:
         self.selector.register(sock, selectors.EVENT_READ, peer)
         return peer
 
-    def _write(self, peer: _Peer, envelope: tuple[Any, ...], gone: str, payload: bytes = b"") -> None:
+    def _write(self, peer: _Peer, envelope: tuple[Any, ...], gone: str, *item: Any) -> None:
         """Send one frame: an envelope (what it is, for which queue) and a payload (a pickled item, which the reader
         unpickles only when a `get` takes it). A large frame that the socket of a peer on the node has no room for
         goes as a memory file; while the peer's socket is full, keep reading every connection, so that two processes
         sending to each other at once cannot both block."""
-        frame = _frame(envelope, payload)
+        frame = _frame(envelope, *item)
         if not (_OUT_OF_BAND and peer.local and len(frame) > LARGE_BYTES and not peer.has_room(len(frame))):
             self._send(peer, frame, None, gone)
             return
         fd = os.memfd_create("rlplace-item", os.MFD_CLOEXEC)
         try:
-            _write_all(fd, memoryview(frame)[_HEADER.size :])
+            _write_all(fd, frame[_HEADER.size :])
             self._send(peer, _frame(("fd", len(frame) - _HEADER.size)), fd, gone)
         finally:
             os.close(fd)  # the socket holds its own reference until the reader takes it
 
-    def _send(self, peer: _Peer, data: bytes, fd: int | None, gone: str) -> None:
+    def _send(self, peer: _Peer, data: bytes | memoryview, fd: int | None, gone: str) -> None:
         """Send `data`, with descriptor `fd` attached to its first byte when given."""
         view = memoryview(data)
         while view:
@@ -464,13 +482,6 @@ class Mailbox:
         for table in (self.readers, self.inboxes, self.in_flight):
             for queue in [q for q in table if q[0] == channel_id]:
                 del table[queue]  # type: ignore[attr-defined]
-
-
-def _frame(envelope: tuple[Any, ...], payload: bytes = b"") -> bytes:
-    """A whole frame: its length, then what `_unframe` reads."""
-    head = pickle.dumps(envelope, protocol=5)
-    size = _HEADER.size + len(head) + len(payload)
-    return b"".join((_HEADER.pack(size), _HEADER.pack(len(head)), head, payload))
 
 
 def _unframe(frame: memoryview | bytes) -> tuple[tuple[Any, ...], bytes]:
