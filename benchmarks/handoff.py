@@ -14,7 +14,8 @@ A second table times what generation pays: a lockstep exchange in which each sid
 taking an item and answering it (as an env steps its simulators and a rollout infers), the two processes pinned to
 different cores. A waiting process sleeps, and waking it costs more than a ping-pong shows, where the other side
 answers at once: the cost per hand-off beyond the work, for the channel (4 KB-sized observations one way, actions
-back, bounded as in generation) and for a bare Unix socket pair that blocks, or spins instead of sleeping.
+back, unbounded as in generation), sleeping when a key is empty or polling first for up to 1 ms as generation's
+channels do, and for a bare Unix socket pair that blocks, or spins instead of sleeping.
 
     .venv/bin/python benchmarks/handoff.py [--count 2000] [--work-us 200]
 """
@@ -141,8 +142,8 @@ def channel_lockstep(count: int, work_s: float, spin_s: float) -> list[float]:
     """Per hand-off cost beyond the work: observations (a 4 KB-sized tuple) one way, actions back; each `get` polls
     up to `spin_s` before sleeping."""
     observations = (np.zeros((32, 28), np.float32), np.zeros(32, np.float32), np.zeros(32, np.float32))
-    obs = Channel.create("obs", maxsize=2, spin_s=spin_s)
-    actions = Channel.create("actions", maxsize=2, spin_s=spin_s)
+    obs = Channel.create("obs", spin_s=spin_s)  # unbounded, as in generation: the lockstep bounds them
+    actions = Channel.create("actions", spin_s=spin_s)
     env, rollout = LockstepSide.remote(0), LockstepSide.remote(1)
     answered = env.answer.remote(actions, obs, observations, count, work_s)
     times = ray.get(rollout.lead.remote(obs, actions, np.zeros(32, np.int64), count, work_s))

@@ -14,6 +14,7 @@ import torch
 
 from rlplace.placement.placement import Placement
 from rlplace.scheduler import Channel, ChannelError, ChannelTimeout, Cluster, Worker, WorkerError, WorkerGroup, wait_all
+from rlplace.scheduler.mailbox import mailbox
 from tests.scheduler.helpers import on_devices
 
 
@@ -59,6 +60,12 @@ class Consumer(Worker):
     def take_arrays(self, channel: Channel, count: int) -> list[tuple[int, int]]:
         """(first value, size) of `count` arrays of this rank's key."""
         return [(int(a[0]), a.size) for a in (channel.get(key=self.rank, timeout=30) for _ in range(count))]
+
+    def take_and_tell_polling(self, channel: Channel) -> tuple[float, bool]:
+        """An item of this rank's key, and whether a `get` on the key would now poll before sleeping."""
+        item = channel.get(key=self.rank, timeout=30)
+        box = mailbox()
+        return item, box._may_spin(box.inbox(channel.queue(self.rank)).writers)
 
     def take_two(self, channel: Channel) -> list[float]:
         return [channel.get(key=self.rank, timeout=30) for _ in range(2)]
@@ -166,6 +173,19 @@ def test_a_writer_of_large_items_never_waits_for_a_busy_reader(groups: tuple[Wor
     assert consumer.take(channel, 0.1).wait(timeout=30) == [None, None]  # rank r reads key r from now on
     producer.put_arrays(channel, 0, 16, 1 << 20).wait(timeout=30)  # 16 MB; the reader reads nothing meanwhile
     assert consumer.execute_on(0).take_arrays(channel, 16).wait(timeout=30) == [[(i, 1 << 20) for i in range(16)]]
+
+
+def test_a_reader_polls_only_for_writers_pinned_to_other_cores(groups: tuple[WorkerGroup, WorkerGroup]) -> None:
+    """Polling holds the reader's core: it may, only when the reader and every writer of the key are pinned to cores
+    they do not share. The producer shares device 0 (core 0) with consumer rank 0; rank 1 has device 1 (core 1)."""
+    producer, consumer = groups
+    channel = Channel.create("lockstep", spin_s=0.001)
+    assert consumer.take(channel, 0.05).wait(timeout=30) == [None, None]  # an empty key still times out
+    taken = consumer.take_and_tell_polling(channel)
+    wait_all(producer.put_one(channel, 0, 1.0), producer.put_one(channel, 1, 2.0))
+    assert taken.wait(timeout=30) == [(1.0, False), (2.0, True)]
+    channel.put(3.0, key=1, timeout=30)  # the driver is pinned to no core: it may share rank 1's
+    assert consumer.execute_on(1).take_and_tell_polling(channel).wait(timeout=30) == [(3.0, False)]
 
 
 def test_ping_pong_between_two_workers_and_the_driver(groups: tuple[WorkerGroup, WorkerGroup]) -> None:

@@ -113,7 +113,7 @@ class Channel:
         `spin_s` > 0: a `get` on an empty key polls up to that long before its process sleeps, when the reader and
         the key's writers are pinned to disjoint cores. Waking a sleeping process costs tens of microseconds, more
         than a hand-off itself; polling costs the reader's core meanwhile, so give it only to channels whose readers
-        have nothing else to run on their cores while they wait (generation's lockstep, `rlplace.core.runner`).
+        have nothing else to run on their cores while they wait (generation's lockstep, `rlplace.embodied.runner`).
 
         Its registry lives on the caller's node, while the caller's process lives or until `close`.
         """

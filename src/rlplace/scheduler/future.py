@@ -2,7 +2,9 @@
 
 Waiting rank by rank with `ray.get` would hang when one rank dies while the others block on it (in a collective, a
 channel, a barrier). `wait()` instead returns as soon as any rank fails and translates Ray's exceptions into a
-`WorkerError` naming group, rank and method, with the remote traceback.
+`WorkerError` naming group, rank and method, with the remote traceback. A call to a served group
+(`rlplace.scheduler.serving`) is waited on the same way: its replies come through the driver's mailbox instead of Ray,
+and a rank whose connection closes has died.
 """
 
 from __future__ import annotations
@@ -87,9 +89,7 @@ class GroupFuture:
             if reply is not None and reply.ok:
                 self._results[i] = reply.value
             elif reply is not None:
-                from rlplace.scheduler.serving import reply_error
-
-                self._error = reply_error(self.group, self.method, reply)
+                self._error = served.error(self.method, reply)
             elif served.died(rank):
                 self._error = WorkerError(self.group, rank, self.method, "failed: the worker process died")
             if self._error is not None:
@@ -158,14 +158,14 @@ def _collect(futures: Sequence[GroupFuture], timeout: float) -> None:
     served = [future for future in futures if future.served is not None and future._pending()]
     by_ray = [future for future in futures if future.served is None]
     if served:
-        from rlplace.scheduler.serving import wait_for_any_reply
-
         for future in served:
             future._take_replies()
         pending = [future for future in served if future._pending()]
         if pending and timeout > 0:
             ray_pending = any(future._pending() for future in by_ray)
-            wait_for_any_reply(min(timeout, MIXED_POLL_S) if ray_pending else timeout)
+            mailbox_of = pending[0].served
+            assert mailbox_of is not None
+            mailbox_of.wait(min(timeout, MIXED_POLL_S) if ray_pending else timeout)
             for future in pending:
                 future._take_replies()
             if all(future._pending() for future in pending) and not ray_pending:

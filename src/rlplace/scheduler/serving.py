@@ -1,7 +1,7 @@
 """Served groups: a group's method calls through the mailboxes instead of Ray, for loops that call every few ms.
 
 A Ray actor call costs the caller about a millisecond each way on a small machine: in `make run`, generation's Ray
-calls started the rollout's work 1.2 ms after the driver asked and returned 2.1 ms after the work ended, a seventh
+calls started the rollout's work 1.2 ms after the driver asked and returned 2.2 ms after the work ended, an eighth
 of the phase. While a group is served (`with serve(env, rollout, actor): ...`), each rank runs one long Ray call,
 `Worker._serve`, that takes the rank's calls from a channel key of its own and answers on its group's key of a second
 channel, in the order they were sent, as Ray would have run them. Group calls look the same to the caller: they
@@ -23,10 +23,12 @@ import ray
 
 from rlplace.scheduler.channel import Channel
 from rlplace.scheduler.errors import ChannelError, WorkerError
-from rlplace.scheduler.mailbox import _Peer, mailbox
+from rlplace.scheduler.future import translate_ray_error
+from rlplace.scheduler.mailbox import mailbox
 
 if TYPE_CHECKING:
     from rlplace.scheduler.group import WorkerGroup
+    from rlplace.scheduler.mailbox import _Peer
     from rlplace.scheduler.worker import Worker
 
 READY = -1
@@ -64,7 +66,7 @@ def serve_calls(worker: Worker, requests: Channel, replies: Channel) -> None:
             reply = Reply(worker.rank, call.id, False, error, traceback.format_exc())
         try:
             replies.put(reply, key=group)
-        except ChannelError:
+        except ChannelError:  # the driver is gone
             raise
         except Exception as error:  # a result or exception that cannot be pickled
             text = f"{call.method}() returned or raised what cannot be sent back: {type(error).__name__}: {error}"
@@ -119,23 +121,21 @@ class GroupServing:
             try:
                 ray.get(ref)
             except ray.exceptions.RayError as error:
-                from rlplace.scheduler.future import translate_ray_error
-
                 return translate_ray_error(self.group.name, rank, method, error)
             return WorkerError(self.group.name, rank, method, "was never answered: the rank stopped serving")
         return None
 
+    def error(self, method: str, reply: Reply) -> WorkerError:
+        """The failure a reply that is not ok reports."""
+        cause = reply.value if isinstance(reply.value, BaseException) else None
+        return WorkerError(self.group.name, reply.rank, method, "raised an exception", reply.traceback, cause)
 
-def reply_error(group: str, method: str, reply: Reply) -> WorkerError:
-    cause = reply.value if isinstance(reply.value, BaseException) else None
-    return WorkerError(group, reply.rank, method, "raised an exception", reply.traceback, cause)
-
-
-def wait_for_any_reply(timeout: float) -> None:
-    """Block until something arrives at this process's mailbox, at most `timeout` seconds."""
-    box = mailbox()
-    with box.lock:
-        box.pump(time.monotonic() + timeout)
+    @staticmethod
+    def wait(timeout: float) -> None:
+        """Block until something arrives at this process's mailbox (a reply, of any group), at most `timeout`."""
+        box = mailbox()
+        with box.lock:
+            box.pump(time.monotonic() + timeout)
 
 
 @contextlib.contextmanager
@@ -177,4 +177,4 @@ def _wait_ready(servings: list[GroupServing], timeout_s: float) -> None:
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"served groups did not start their loops within {timeout_s:g} s")
-        wait_for_any_reply(0.1)
+        GroupServing.wait(0.1)

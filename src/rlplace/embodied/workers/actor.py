@@ -69,7 +69,8 @@ class ActorWorker(Worker):
         """Collect one step's pieces of trajectory of this rank's env columns from `trajectory_channel`, queued
         behind the batches not trained on yet.
 
-        Not timed as a whole: it mostly waits for the rollout, and the timeline should show the actor idle then.
+        Not timed as a whole: beside generation (asynchronous training) it waits for the rollout, and the timeline
+        should show the actor idle then.
         """
         parts = [trajectory_channel.get(key=f"actor{self.rank}") for _ in range(2 * self.num_pieces)]
         with self.span("recv_rollout_batch"):

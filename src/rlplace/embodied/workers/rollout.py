@@ -8,7 +8,6 @@ version number; in synchronous training the rollout refuses to act on a stale ve
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -21,7 +20,7 @@ from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
 from rlplace.embodied.profile import median_seconds
 from rlplace.embodied.streams import Stream, actor_pieces, all_streams, streams_of_rollout
-from rlplace.embodied.trajectory import Ending, Trajectory
+from rlplace.embodied.trajectory import Trajectory
 from rlplace.scheduler import Channel, Worker, timer
 
 
@@ -83,23 +82,19 @@ class RolloutWorker(Worker):
                         traj.obs[t], traj.dones[t], traj.actions[t] = obs, done, action.to(traj.actions.dtype)
                         traj.logprobs[t], traj.values[t] = logprob, value
                 if t == num_steps:
-                    self._send(stream, traj, trajectory_channel, Trajectory.ending)
+                    self._send(stream, traj, trajectory_channel, ending=True)
                     continue
                 action_channel.put(action.numpy(), key=stream.key)
                 if t == num_steps - 1:
-                    self._send(stream, traj, trajectory_channel, lambda columns: columns)
+                    self._send(stream, traj, trajectory_channel, ending=False)
         return num_steps * sum(s.end - s.start for s in self.streams)
 
-    def _send(
-        self,
-        stream: Stream,
-        traj: Trajectory,
-        trajectory_channel: Channel,
-        part: Callable[[Trajectory], Trajectory | Ending],
-    ) -> None:
-        """Send `part` of each actor rank's columns of `traj` to that rank (a view, `columns`, sends its own)."""
+    def _send(self, stream: Stream, traj: Trajectory, trajectory_channel: Channel, ending: bool) -> None:
+        """Send each actor rank its columns of `traj` (a view, `columns`, sends its own), or with `ending` their
+        `Trajectory.ending`."""
         for actor_rank, start, end in actor_pieces(stream, self.cfg.task.total_num_envs, self.actor_world_size):
-            trajectory_channel.put(part(traj.columns(start, end)), key=f"actor{actor_rank}")
+            columns = traj.columns(start, end)
+            trajectory_channel.put(columns.ending() if ending else columns, key=f"actor{actor_rank}")
 
     def _act(self, obs: Tensor, env_indices: Tensor, counter: int) -> tuple[Tensor, Tensor, Tensor]:
         """One stream's inference: the noise of `env_indices` at env-step counter `counter`, the policy on `obs`,
