@@ -42,9 +42,14 @@ class Counter(Worker):
         return threading.Lock()
 
 
-@pytest.fixture
+def _launch(cluster: Cluster, name: str) -> WorkerGroup:
+    return Counter.create_group().launch(cluster, name=name, placement_strategy=on_devices((0,), (1,)))
+
+
+@pytest.fixture(scope="module")
 def counter(cluster: Cluster) -> Iterator[WorkerGroup]:
-    group = Counter.create_group().launch(cluster, name="counter", placement_strategy=on_devices((0,), (1,)))
+    """One group for the tests that leave it usable (each adds to its count: they compare differences)."""
+    group = _launch(cluster, "counter")
     yield group
     group.terminate(graceful_s=1)
 
@@ -54,12 +59,14 @@ def test_served_calls_answer_in_order_like_ray_calls(cluster: Cluster, counter: 
     try:
         with serve(counter):
             assert counter.serving is not None
+            start = counter.add(0).wait(timeout=30)
             futures = [counter.add(1) for _ in range(3)]  # sent without waiting: run in the order sent
             only_one = counter.execute_on(1).add(10)
             by_ray = other.add(5)
-            assert wait_all(*futures, only_one, by_ray) == [[1, 1], [2, 2], [3, 3], [13], [5]]
+            expected = [[start[0] + n, start[1] + n] for n in (1, 2, 3)] + [[start[1] + 13], [5]]
+            assert wait_all(*futures, only_one, by_ray) == expected
         assert counter.serving is None
-        assert counter.add(0).wait(timeout=30) == [3, 13]  # back on Ray calls, with the state the loop left
+        assert counter.add(0).wait(timeout=30) == [start[0] + 3, start[1] + 13]  # back on Ray calls, same state
     finally:
         other.terminate(graceful_s=1)
 
@@ -75,21 +82,24 @@ def test_a_served_exception_names_group_rank_method_with_cause_and_traceback(cou
         assert isinstance(error.cause, ValueError)
         with pytest.raises(WorkerError, match="unpicklable\\(\\) returned or raised what cannot be sent back"):
             counter.unpicklable().wait(timeout=30)
-        assert counter.add(1).wait(timeout=30) == [1, 1]  # the loop goes on after a failed call
+        before = counter.add(0).wait(timeout=30)
+        assert counter.add(1).wait(timeout=30) == [before[0] + 1, before[1] + 1]  # the loop goes on after a failure
 
 
-def test_a_killed_served_worker_is_reported_dead_within_seconds(counter: WorkerGroup) -> None:
-    with serve(counter):
-        pids = counter.pid().wait(timeout=30)
-        future = counter.sleep(60)
+def test_a_killed_served_worker_is_reported_dead_within_seconds(cluster: Cluster) -> None:
+    victim = _launch(cluster, "victim")  # a group of its own: this test kills a rank
+    with serve(victim):
+        pids = victim.pid().wait(timeout=30)
+        future = victim.sleep(60)
         time.sleep(0.3)
         start = time.monotonic()
         os.kill(pids[1], signal.SIGKILL)
-        with pytest.raises(WorkerError, match=r"group 'counter' rank 1: sleep\(\) failed: the worker process died"):
+        with pytest.raises(WorkerError, match=r"group 'victim' rank 1: sleep\(\) failed: the worker process died"):
             future.wait(timeout=30)  # rank 0 still sleeps: the death is reported without waiting for it
         assert time.monotonic() - start < 5
-        with pytest.raises(WorkerError, match=r"group 'counter' rank 1: add\(\) failed: the worker process died"):
-            counter.add(1).wait(timeout=30)  # a call sent after the death fails too, at once
+        with pytest.raises(WorkerError, match=r"group 'victim' rank 1: add\(\) failed: the worker process died"):
+            victim.add(1).wait(timeout=30)  # a call sent after the death fails too, at once
+    victim.terminate(graceful_s=0)
 
 
 def test_a_hung_served_worker_misses_its_deadline(counter: WorkerGroup) -> None:

@@ -57,7 +57,8 @@ class RolloutWorker(Worker):
     ) -> int:
         """Answer `rollout.num_steps` observations on each of this rank's streams; send each actor rank the columns
         of the trajectories it trains on: all but their ending once the last action is out (the env's last step
-        hides the sending), then the ending.
+        hides the sending), then the ending. An action goes out as soon as it is chosen, and the trajectory is
+        written while the env steps with it.
 
         `step` is the training step: the noise for env i at its t-th action of this step is keyed by
         `step * num_steps + t`, a global env-step counter. Returns the number of env steps served.
@@ -72,19 +73,20 @@ class RolloutWorker(Worker):
         for t in range(num_steps + 1):
             for stream, traj in zip(self.streams, self.buffers, strict=True):
                 obs, reward, done = map(torch.from_numpy, obs_channel.get(key=stream.key))
-                with self.span("rollout_infer"):
-                    if t > 0:
-                        traj.rewards[t - 1] = reward
-                    if t == num_steps:
-                        traj.last_value, traj.last_done = self.model.value(obs.to(self.device)).cpu(), done
-                    else:
-                        action, logprob, value = self._act(obs, traj.env_indices, step * num_steps + t)
-                        traj.obs[t], traj.dones[t], traj.actions[t] = obs, done, action.to(traj.actions.dtype)
-                        traj.logprobs[t], traj.values[t] = logprob, value
                 if t == num_steps:
+                    with self.span("rollout_infer"):
+                        traj.rewards[t - 1] = reward
+                        traj.last_value, traj.last_done = self.model.value(obs.to(self.device)).cpu(), done
                     self._send(stream, traj, trajectory_channel, ending=True)
                     continue
+                with self.span("rollout_infer"):
+                    action, logprob, value = self._act(obs, traj.env_indices, step * num_steps + t)
                 action_channel.put(action.numpy(), key=stream.key)
+                with self.span("rollout_infer"):  # the step's columns of the trajectory, while the env steps
+                    if t > 0:
+                        traj.rewards[t - 1] = reward
+                    traj.obs[t], traj.dones[t], traj.actions[t] = obs, done, action.to(traj.actions.dtype)
+                    traj.logprobs[t], traj.values[t] = logprob, value
                 if t == num_steps - 1:
                     self._send(stream, traj, trajectory_channel, ending=False)
         return num_steps * sum(s.end - s.start for s in self.streams)
