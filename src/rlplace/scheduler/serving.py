@@ -3,11 +3,12 @@
 A Ray actor call costs the caller about a millisecond each way on a small machine: in `make run`, generation's Ray
 calls started the rollout's work 1.2 ms after the driver asked and returned 2.2 ms after the work ended, an eighth
 of the phase. While a group is served (`with serve(env, rollout, actor): ...`), each rank runs one long Ray call,
-`Worker._serve`, that takes the rank's calls from a channel key of its own and answers on its group's key of a second
-channel, in the order they were sent, as Ray would have run them. Group calls look the same to the caller: they
-return a `GroupFuture`, `wait` and `wait_all` work on it (mixed with Ray-backed futures), and a failure names group,
-rank and method. The Ray call stays the watchdog of the process: a rank that dies closes its connection to the
-driver, which `wait` reports at once as the worker's death; a rank that hangs misses the call's deadline.
+`Worker._serve`, that takes the rank's calls from a channel key of its own and answers on its group's key of the
+same channel (one channel, so one registry actor), in the order they were sent, as Ray would have run them. Group
+calls look the same to the caller: they return a `GroupFuture`, `wait` and `wait_all` work on it (mixed with
+Ray-backed futures), and a failure names group, rank and method. The Ray call stays the watchdog of the process: a
+rank that dies closes its connection to the driver, which `wait` reports at once as the worker's death; a rank that
+hangs misses the call's deadline.
 """
 
 from __future__ import annotations
@@ -54,23 +55,31 @@ class Reply:
     traceback: str = ""
 
 
-def serve_calls(worker: Worker, requests: Channel, replies: Channel) -> None:
+def _calls_key(group: str, rank: int) -> tuple[str, str, int]:
+    return ("calls", group, rank)
+
+
+def _replies_key(group: str) -> tuple[str, str]:
+    return ("replies", group)
+
+
+def serve_calls(worker: Worker, channel: Channel) -> None:
     """The loop of `Worker._serve`: run the calls sent to this rank, in order, answering each, until sent None."""
-    key, group = (worker.group_name, worker.rank), worker.group_name
-    requests.subscribe(key)  # before READY: the driver's first call then goes straight to this process
-    replies.put(Reply(worker.rank, READY, True, None), key=group)
-    while (call := requests.get(key=key)) is not None:
+    calls, replies = _calls_key(worker.group_name, worker.rank), _replies_key(worker.group_name)
+    channel.subscribe(calls)  # before READY: the driver's first call then goes straight to this process
+    channel.put(Reply(worker.rank, READY, True, None), key=replies)
+    while (call := channel.get(key=calls)) is not None:
         try:
             reply = Reply(worker.rank, call.id, True, getattr(worker, call.method)(*call.args, **call.kwargs))
         except Exception as error:
             reply = Reply(worker.rank, call.id, False, error, traceback.format_exc())
         try:
-            replies.put(reply, key=group)
+            channel.put(reply, key=replies)
         except ChannelError:  # the driver is gone
             raise
         except Exception as error:  # a result or exception that cannot be pickled
             text = f"{call.method}() returned or raised what cannot be sent back: {type(error).__name__}: {error}"
-            replies.put(Reply(worker.rank, call.id, False, RuntimeError(text), reply.traceback or text), key=group)
+            channel.put(Reply(worker.rank, call.id, False, RuntimeError(text), reply.traceback or text), key=replies)
 
 
 @dataclass(eq=False)
@@ -78,8 +87,7 @@ class GroupServing:
     """The driver's end of one served group: its loops' Ray calls, their connections, and replies not yet claimed."""
 
     group: WorkerGroup
-    requests: Channel
-    replies: Channel
+    channel: Channel
     refs: list[ray.ObjectRef]
     """Each rank's `_serve` call: it ends only when the rank stops serving or its process dies."""
     connections: dict[int, _Peer] = field(default_factory=dict)
@@ -94,7 +102,7 @@ class GroupServing:
         call = Call(self.next_id, method, args, kwargs)
         for rank in ranks:
             try:
-                self.requests.put(call, key=(self.group.name, rank))
+                self.channel.put(call, key=_calls_key(self.group.name, rank))
             except ChannelError:  # the future reports it, as it would a rank that dies after the call
                 self.unreachable.add(rank)
         return [self.next_id] * len(ranks)
@@ -103,7 +111,7 @@ class GroupServing:
         """Move the replies that arrived into `results` (without waiting)."""
         box = mailbox()
         with box.lock:
-            for reply, connection in box.take_arrived(self.replies.queue(self.group.name)):
+            for reply, connection in box.take_arrived(self.channel.queue(_replies_key(self.group.name))):
                 if reply.call_id == READY:
                     self.connections[reply.rank] = connection
                 else:
@@ -144,13 +152,13 @@ def serve(*groups: WorkerGroup, timeout_s: float = 120.0) -> Iterator[None]:
 
     Starts each rank's loop and waits until all answer (at most `timeout_s`); on exit tells every loop to stop,
     without waiting: a Ray call made later, such as the group's termination, runs once the loop has returned."""
-    requests, replies = Channel.create("calls"), Channel.create("replies")
+    channel = Channel.create("calls")
     servings = []
     try:
         for group in groups:
-            replies.subscribe(group.name)
-            refs = [worker._serve.remote(requests, replies) for worker in group.workers]
-            servings.append(GroupServing(group, requests, replies, refs))
+            channel.subscribe(_replies_key(group.name))
+            refs = [worker._serve.remote(channel) for worker in group.workers]
+            servings.append(GroupServing(group, channel, refs))
         _wait_ready(servings, timeout_s)
         for serving in servings:
             serving.group.serving = serving
@@ -160,9 +168,8 @@ def serve(*groups: WorkerGroup, timeout_s: float = 120.0) -> Iterator[None]:
             serving.group.serving = None
             for rank in range(serving.group.world_size):
                 with contextlib.suppress(ChannelError):  # a rank that died needs no stop
-                    requests.put(None, key=(serving.group.name, rank))
-        requests.close()
-        replies.close()
+                    channel.put(None, key=_calls_key(serving.group.name, rank))
+        channel.close()
 
 
 def _wait_ready(servings: list[GroupServing], timeout_s: float) -> None:

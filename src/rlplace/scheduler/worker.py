@@ -102,12 +102,12 @@ class Worker:
             Span(name=name, group=group, rank=rank, start=start, end=start + seconds) for name, start, seconds in spans
         ]
 
-    def _serve(self, requests: Channel, replies: Channel) -> None:
-        """Run the calls the driver sends this rank through `requests`, answering on `replies`, until told to stop:
-        the one long Ray call of a served group (`rlplace.scheduler.serving`)."""
+    def _serve(self, channel: Channel) -> None:
+        """Run the calls the driver sends this rank through `channel`, answering on it, until told to stop: the one
+        long Ray call of a served group (`rlplace.scheduler.serving`)."""
         from rlplace.scheduler.serving import serve_calls
 
-        serve_calls(self, requests, replies)
+        serve_calls(self, channel)
 
     def init_process_group(self, timeout_s: float = 300.0) -> None:
         """Join this group's default torch.distributed process group (gloo on cpu, nccl on gpu), e.g. for DDP."""
