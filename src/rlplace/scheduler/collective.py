@@ -24,8 +24,9 @@ order on both sides, as with any point-to-point protocol.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 import ray
 import torch
 import torch.distributed as dist
+
+from rlplace.scheduler.errors import ChannelError
 
 if TYPE_CHECKING:
     from rlplace.scheduler.context import WorkerContext
@@ -65,7 +68,9 @@ class Transfers:
         self._comms: dict[tuple[str, int], _PairComm] = {}
 
     def recv(self, group: str, rank: int) -> Payload:
-        return self._comm(group, rank).recv()
+        comm = self._comm(group, rank)
+        with _peer_failures(f"transfer from group {group!r} rank {rank}"):
+            return comm.recv()
 
     def broadcast(self, payload: Payload, group: str) -> None:
         _, world_size = self._peer_group(group)
@@ -73,8 +78,9 @@ class Transfers:
         plans = [comm.plan(payload) for comm in comms]  # per receiver: a GPU may be shared with some, not others
         # Sends are asynchronous: start the transfer to every rank before waiting for any of them.
         pending = [work for comm, plan in zip(comms, plans, strict=True) for work in comm.start_send(*plan)]
-        for work in pending:
-            work.wait()
+        with _peer_failures(f"transfer to group {group!r}"):
+            for work in pending:
+                work.wait()
         for comm, (_, _, slots) in zip(comms, plans, strict=True):
             comm.finish_send(slots)
 
@@ -95,6 +101,17 @@ class Transfers:
             me = (self._context.group_uid, self._context.placement.rank)
             self._comms[uid, rank] = _PairComm(me, (uid, rank), self._context.rendezvous, self._device)
         return self._comms[uid, rank]
+
+
+@contextlib.contextmanager
+def _peer_failures(where: str) -> Iterator[None]:
+    """A transfer that fails in torch.distributed (gloo: "Connection reset by peer") failed because the other end did:
+    a ChannelError, which the driver reports as the symptom it is, naming the peer's own failure instead."""
+    try:
+        yield
+    except RuntimeError as error:
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ChannelError(f"{where}: the connection failed ({detail})") from error
 
 
 class _PairComm:
