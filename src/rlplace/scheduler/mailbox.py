@@ -63,6 +63,9 @@ _POLL_ALONE_S = 0.0003
 """A polling `get` (`spin_s`) yields the core between polls once it has waited this long: about the longest unit of
 work a lockstep peer does between hand-offs here (a CartPole step of 32 envs, 0.2 ms), so the common wait polls
 alone and a longer one (a peer that waits for its own core, another run's process on this one) lets others run."""
+_WAIT_AVERAGING = 0.25
+"""Weight of the latest wait in `_Inbox.typical_wait_s`: a few slow waits in a row stop the polling, a few fast ones
+start it again."""
 _RECV_BYTES = 64 << 10
 """Read at most this much per call: a buffer this small is allocated without mapping fresh pages."""
 LARGE_BYTES = 64 << 10
@@ -138,6 +141,8 @@ class _Inbox:
 
     items: deque[tuple[Any, _Peer | None]] = field(default_factory=deque)
     writers: set[_Peer] = field(default_factory=set)
+    typical_wait_s: float = 0.0
+    """A moving average of how long a `get` with `spin_s` waited here for an item (`Mailbox.receive`)."""
 
 
 class _Pickler(pickle.Pickler):
@@ -355,13 +360,20 @@ class Mailbox:
         Gives the writer its credit back on a bounded queue. Raises ChannelError, starting with `where`, when the
         queue is empty and every process that wrote to it is gone, or when a bounded queue has a second writer.
         With `spin_s` > 0, an empty queue is polled that long before this process sleeps, if this process and every
-        writer are pinned to cores and share none (`_may_spin`)."""
+        writer are pinned to cores and share none (`_may_spin`), and if waits here usually end within it: when the
+        writer is slow (a larger unit of work, or a machine busy with other jobs), polling would only burn the core."""
         inbox = self.inbox(queue)
+        waiting = spin_s > 0 and not inbox.items
+        if waiting:
+            started = time.perf_counter()
+            poll_s = spin_s if inbox.typical_wait_s < spin_s and self._may_spin(inbox.writers) else 0.0
         while not inbox.items:
             if inbox.writers and all(w.closed for w in inbox.writers):
                 raise ChannelError(f"{where}: its writer, {_names(inbox.writers)}, is gone")
-            if not self.pump(deadline, spin_s if self._may_spin(inbox.writers) else 0.0):
+            if not self.pump(deadline, poll_s if waiting else 0.0):
                 return False, None
+        if waiting:
+            inbox.typical_wait_s += _WAIT_AVERAGING * (time.perf_counter() - started - inbox.typical_wait_s)
         stored, writer = inbox.items.popleft()
         item = _item(stored)
         if maxsize > 0 and writer is not None:
