@@ -46,7 +46,7 @@ RETURN_WINDOW = 20
 LOCKSTEP_SPIN_S = 0.001
 """How long env and rollout poll for each other's next item before sleeping (`Channel.create`'s `spin_s`): longer
 than a simulator step or an inference, so that in steady state neither sleeps and each item is taken within
-microseconds instead of after a wake-up (a median hand-off of 31-33 against 100 us in `make run`). Polling holds the
+microseconds instead of after a wake-up (a median hand-off of 31-35 against 100 us in `make run`). Polling holds the
 waiting side's core, which nothing else needs then: the actor never trains on cores that generation uses while it
 runs (`AsyncSchedule.overlap`), and a side whose peer shares its cores does not poll at all."""
 LOCKSTEP_SPIN = {"obs": LOCKSTEP_SPIN_S, "actions": LOCKSTEP_SPIN_S}
