@@ -284,27 +284,16 @@ def test_a_failing_init_tears_down_every_group_started_with_it(cluster: Cluster)
     assert healthy.group.terminated and broken.group.terminated
 
 
-class Counter(Worker):
-    """Counts, sleeps, fails and returns what cannot be pickled, on demand."""
+class Counter(Probe):
+    """A probe that also counts, and returns what cannot be pickled."""
 
     def __init__(self) -> None:
+        super().__init__("counter")
         self.total = 0
 
     def add(self, amount: int) -> int:
         self.total += amount
         return self.total
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def sleep(self, seconds: float) -> int:
-        time.sleep(seconds)
-        return self.rank
-
-    def fail_on(self, rank: int) -> int:
-        if self.rank == rank:
-            raise ValueError(f"rank {rank} refuses")
-        return self.rank
 
     def unpicklable(self) -> Any:
         return threading.Lock()
