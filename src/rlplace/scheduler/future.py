@@ -95,6 +95,10 @@ class GroupFuture:
             if self._error is not None:
                 return
 
+    def __repr__(self) -> str:
+        state = "failed" if self._error else f"{len(self._results)}/{len(self.refs)} done"
+        return f"GroupFuture(group={self.group!r}, method={self.method!r}, ranks={list(self.ranks)}, {state})"
+
 
 def translate_ray_error(group: str, rank: int, method: str, error: RayError) -> WorkerError:
     """Ray's exception for a failed call, as a WorkerError naming group, rank and method."""
@@ -111,10 +115,6 @@ def translate_ray_error(group: str, rank: int, method: str, error: RayError) -> 
             reason += f" ({' '.join(line.strip() for line in detail[:2])})"
         return WorkerError(group, rank, method, reason)
     return WorkerError(group, rank, method, f"failed in Ray: {type(error).__name__}: {error}")
-
-    def __repr__(self) -> str:
-        state = "failed" if self._error else f"{len(self._results)}/{len(self.refs)} done"
-        return f"GroupFuture(group={self.group!r}, method={self.method!r}, ranks={list(self.ranks)}, {state})"
 
 
 def wait_all(*futures: GroupFuture, timeout: float | None = None) -> list[list[Any]]:
