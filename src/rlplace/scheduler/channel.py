@@ -135,7 +135,7 @@ class Channel:
 
     def put(self, item: Any, key: Hashable = None, timeout: float | None = None) -> None:
         """Append `item` to the queue of `key`, waiting while it is full; ChannelTimeout after `timeout` seconds."""
-        box, queue, deadline = mailbox(), (self._id, key), _deadline(timeout)
+        box, queue, deadline = mailbox(), self.queue(key), _deadline(timeout)
         with box.lock:
             reader = box.readers.get(queue)
             if reader is None:
@@ -156,7 +156,7 @@ class Channel:
         """Remove and return the oldest item of `key`, waiting while it is empty; ChannelTimeout after `timeout`.
 
         The first `get` on a key makes this process its reader; another process's `get` on it is a ChannelError."""
-        box, queue = mailbox(), (self._id, key)
+        box, queue = mailbox(), self.queue(key)
         with box.lock:
             self._register(box, key)
             received, item = box.receive(queue, self.maxsize, _deadline(timeout), self._where(key), self.spin_s)
@@ -177,7 +177,7 @@ class Channel:
 
     def _register(self, box: Mailbox, key: Hashable) -> None:
         """Make this process the reader of `key` on its first `get`, taking in what the registry held meanwhile."""
-        queue = (self._id, key)
+        queue = self.queue(key)
         if box.readers.get(queue) == box.address:
             return
         answer = ray.get(self._registry.register.remote(key, box.address))
@@ -188,7 +188,7 @@ class Channel:
 
     def qsize(self, key: Hashable = None) -> int:
         """The items in the queue of `key`; in a writing process, those of its own the reader has not taken."""
-        box, queue = mailbox(), (self._id, key)
+        box, queue = mailbox(), self.queue(key)
         with box.lock:
             reader = box.readers.get(queue)
             if reader is None:
