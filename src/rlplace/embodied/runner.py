@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 class Channels(NamedTuple):
     """The queues of generation, unbounded. Env and rollout take turns per stream, so each stream has at most two
     observations in flight (the last of a step and the first of the next, sent together) and one action: a bound
-    could never bind, and would cost a credit frame back per item (4 us more per hand-off, 20 against 16 us, in a
+    could never bind, and would cost a credit frame back per item (3-4 us more per hand-off, 20 against 16-17 us, in a
     lockstep exchange of two processes with 200 us of work per side). Trajectories wait for the actor."""
 
     obs: Channel
