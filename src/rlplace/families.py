@@ -2,16 +2,16 @@
 
 The family of a run is the one whose task schema the chosen `task` option starts from; its other sections must
 come from the same family. Both CLIs resolve through here, so what `rlplace-plan` prints is what `rlplace-train`
-runs. Only light modules are imported: the family's launcher (Ray, torch) is imported when a run starts.
+runs. Only light modules are imported: the family's launcher (`core.launcher.Launcher`: Ray, torch) is imported when a
+run starts.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,6 +24,9 @@ from rlplace.embodied import config as embodied_config
 from rlplace.placement import ComponentPlacement, HybridComponentPlacement
 from rlplace.reasoning import checks as reasoning_checks
 from rlplace.reasoning import config as reasoning_config
+
+if TYPE_CHECKING:
+    from rlplace.core.launcher import Launcher
 
 OPTION_SECTIONS = {"task": "name", "model": "name", "algorithm": "name", "rollout": "backend"}
 """The sections chosen by a config group option, and the field that names the option's kind."""
@@ -38,10 +41,9 @@ class Family:
     """The whole run's dataclass (EmbodiedConfig, ReasoningConfig)."""
     check: Callable[[Any, ComponentPlacement], None]
     """Checks that need the placement, run before any worker starts."""
-    launcher: str
-    """Module with `start(cfg, cluster)`, which starts the run's worker groups (the logger starts while they do),
-    `train(cfg, started_groups, run_dir, logger, history, started)`, `check_checkpoint(cfg, folder)`,
-    `run_labels(cfg)` and `summary(cfg, mode, final, run_dir)`."""
+    launcher: Callable[[], Launcher]
+    """Imports and returns the family's launcher (torch and the worker classes load then, not when configs are
+    checked)."""
 
     def option_types(self) -> dict[str, type]:
         """Section -> the dataclass this family's options of that config group start from."""
@@ -49,9 +51,21 @@ class Family:
         return {section: hints[section] for section in OPTION_SECTIONS}
 
 
+def _embodied_launcher() -> Launcher:
+    from rlplace.embodied import launch
+
+    return launch
+
+
+def _reasoning_launcher() -> Launcher:
+    from rlplace.reasoning import launch
+
+    return launch
+
+
 FAMILIES = (
-    Family("embodied", embodied_config.EmbodiedConfig, embodied_checks.check_embodied, "rlplace.embodied.launch"),
-    Family("reasoning", reasoning_config.ReasoningConfig, reasoning_checks.check_reasoning, "rlplace.reasoning.launch"),
+    Family("embodied", embodied_config.EmbodiedConfig, embodied_checks.check_embodied, _embodied_launcher),
+    Family("reasoning", reasoning_config.ReasoningConfig, reasoning_checks.check_reasoning, _reasoning_launcher),
 )
 
 
@@ -64,8 +78,8 @@ class Plan:
     placement: ComponentPlacement
 
     @property
-    def launcher(self) -> Any:
-        return importlib.import_module(self.family.launcher)
+    def launcher(self) -> Launcher:
+        return self.family.launcher()
 
 
 def register() -> None:

@@ -26,6 +26,7 @@ from rlplace.cli import check_overrides, fail
 from rlplace.core import checkpoint, preemption
 from rlplace.core.config import CONF_DIR
 from rlplace.core.errors import ConfigError
+from rlplace.core.launcher import Launcher, RunContext
 from rlplace.families import Plan, register, resolve
 from rlplace.metrics import MetricLogger, build_logger, process_uptime_s, summarize
 from rlplace.placement import PlacementError
@@ -45,7 +46,7 @@ SUMMARY_PREFIXES = ("final/", "eval/", "run/")
 
 def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | None = None) -> dict[str, float]:
     """Check the checkpoint to resume, start the cluster, then the family's groups and, while they start, the logger;
-    then run the family's loop.
+    then run the family's loop (`core.runner.Runner`).
 
     Raises ConfigError for a checkpoint that cannot resume this run and ClusterError for a cluster that cannot hold
     it, both before any worker starts. SIGTERM or Ctrl-C during the run end it after the current step, with a
@@ -79,7 +80,12 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
             (run_dir / RUN_INFO).write_text(json.dumps(info))
             starting = launcher.start(cfg, cluster)  # the workers' processes start, and meanwhile the logger
             logger = run_logger(plan, run_dir, resolved_config, labels, resume)
-            final = launcher.train(cfg, starting, run_dir, logger, history, started)
+            runner = launcher.runner(cfg, starting, RunContext(run_dir, logger, history))
+            with runner.serving():
+                runner.init_workers()
+                startup_s = time.monotonic() - started
+                final = runner.run()
+            final["run/startup_s"] = startup_s
             trained = time.monotonic()
         # The logger outlives the cluster so that the summary has the teardown too.
         final["run/teardown_s"] = time.monotonic() - trained
@@ -91,7 +97,7 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
     return final
 
 
-def _import_launcher(plan: Plan) -> Future[Any]:
+def _import_launcher(plan: Plan) -> Future[Launcher]:
     """The family's launcher module (`Plan.launcher`), imported on a thread of its own: torch and the worker classes
     (1-2.5 s here) load while Ray's processes start. An import error is raised where the launcher is asked for."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlplace-import-launcher")

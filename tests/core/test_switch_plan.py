@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlplace.core.runner import Switch, switch_plan
+from rlplace.core.schedule import Switch, switch_plan
 from rlplace.embodied.config import COMPONENTS
-from rlplace.embodied.runner import PHASES
+from rlplace.embodied.phases import PHASES
 from rlplace.placement import ComponentPlacement
 
 ALL_OFFLOAD = dict.fromkeys(COMPONENTS, True)

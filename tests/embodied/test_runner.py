@@ -22,7 +22,7 @@ import ray
 from rlplace.cli import compose_run
 from rlplace.core.config import ClusterConfig
 from rlplace.core.errors import ConfigError
-from rlplace.core.runner import AsyncSchedule
+from rlplace.core.schedule import AsyncSchedule
 from rlplace.embodied.launch import check_checkpoint
 from rlplace.embodied.profile import PROFILE_FILE
 from rlplace.families import resolve

@@ -29,7 +29,7 @@ from hydra.errors import ConfigCompositionException
 
 from rlplace.cli import EXIT_BAD_CONFIG, compose_run
 from rlplace.core.errors import ConfigError
-from rlplace.core.runner import AsyncSchedule
+from rlplace.core.schedule import AsyncSchedule
 from rlplace.families import resolve
 from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError

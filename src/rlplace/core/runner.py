@@ -1,70 +1,50 @@
-"""What both runners share: the phase switch plan, the asynchronous schedule, channels opened for a run, and the
-per-step timeline.
+"""The one training loop: `Runner.run()` is the same for every task family; a family supplies its phases.
 
-A step is a fixed sequence of phases, each with the components that hold device memory in it. When components
-share devices, the idle ones make room: `switch_plan` decides once, from the placement and each component's
-`enable_offload`, which groups to offload and onload before each phase, so the runner's phase methods do only their
-phase. `AsyncSchedule` says which steps' rollouts each training step generates with runner.max_staleness = K, and
-whether generation may run beside training. `open_channels` creates the queues of a run and closes them after; the
-runner passes them to the worker methods that use them, so who talks to whom reads off the runner's calls.
+A step syncs the weights, generates rollouts, computes advantages and trains, in the order the asynchronous schedule
+(`schedule.AsyncSchedule`) gives; before each phase the switch plan (`schedule.switch_plan`) offloads the idle groups
+that share devices with the working ones and onloads the working ones. Around the steps the loop owns what every run
+needs: the progress line, the hang deadline, logging, the timeline, history, checkpoint cadence and preemption.
+
+A family subclasses `Runner` and fills in the abstract methods: how its groups sync, generate, compute advantages and
+train, what a step records, what a checkpoint holds beyond the actor's state, and how the run ends. Each phase method
+does only its phase; timing, switching and scheduling stay here, so both families are scheduled identically.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TypeVar
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, Generic, TypeVar
 
-from rlplace.metrics import PhaseTimer, Timeline
+from rlplace.core import checkpoint, preemption
+from rlplace.core.config import RunConfig
+from rlplace.core.launcher import RunContext
+from rlplace.core.schedule import AsyncSchedule, Phases, switch_plan
+from rlplace.core.watchdog import HangDeadline
+from rlplace.metrics import PhaseTimer, Timeline, TrainingProgress
 from rlplace.placement import ComponentPlacement
-from rlplace.scheduler import Channel, WorkerGroup, wait_all
+from rlplace.scheduler import Channel, GroupFuture, WorkerGroup, wait_all
 
 C = TypeVar("C")
+"""A family's channels (a NamedTuple of `Channel`s)."""
+G = TypeVar("G")
+"""What one generation phase returns to the runner."""
+A = TypeVar("A")
+"""What the advantages phase returns."""
+T = TypeVar("T")
+"""What the training phase returns (train/* stats)."""
 
 log = logging.getLogger(__name__)
 
 TRAINING_SPANS = ("advantages", "training")
 """The actor's spans that `time/overlap` counts: training beside generation, not the weight sync its receivers
 share with it in every placement."""
-
-
-@dataclass(frozen=True)
-class Switch:
-    """What to do before one phase: groups to offload first, then groups to onload."""
-
-    offload: tuple[str, ...] = ()
-    onload: tuple[str, ...] = ()
-
-
-def switch_plan(
-    phases: Sequence[tuple[str, frozenset[str]]],
-    devices: Mapping[str, frozenset[int]],
-    offloadable: Mapping[str, bool],
-) -> dict[str, Switch]:
-    """The switch before each phase of the repeating step, in steady state.
-
-    Before a phase, an offloadable component that is idle in it and shares a device with one that works in it is
-    offloaded, and an offloaded component that works in it is onloaded. The plan is read off the second pass over
-    the phases (the first starts with everything on its devices); applied from the first step, its extra onloads
-    move nothing.
-    """
-    offloaded: set[str] = set()
-    plan: dict[str, Switch] = {}
-    for _ in range(2):
-        for name, working in phases:
-            busy = frozenset().union(*(devices[c] for c in working))
-            offload = tuple(
-                c
-                for c in devices
-                if offloadable.get(c) and c not in working and c not in offloaded and devices[c] & busy
-            )
-            onload = tuple(c for c in working if c in offloaded)
-            offloaded.update(offload)
-            offloaded.difference_update(onload)
-            plan[name] = Switch(offload, onload)
-    return plan
+TIMELINE_FILE = "timeline.json"
 
 
 class PhaseSwitcher:
@@ -74,7 +54,7 @@ class PhaseSwitcher:
         self,
         groups: Mapping[str, WorkerGroup],
         placement: ComponentPlacement,
-        phases: Sequence[tuple[str, frozenset[str]]],
+        phases: Phases,
         offloadable: Mapping[str, bool],
         timer: PhaseTimer,
     ) -> None:
@@ -90,48 +70,219 @@ class PhaseSwitcher:
                     wait_all(*(getattr(self.groups[name], action)() for name in names))
 
 
-@dataclass(frozen=True)
-class AsyncSchedule:
-    """Which rollouts each training step generates with K = runner.max_staleness, so that the batch of step t always
-    comes from weights max(0, t - K), whatever the timing.
+class Runner(ABC, Generic[C, G, A, T]):
+    """Drives a run's worker groups through training steps; owns metrics, timeline, checkpoints and the schedule.
 
-    K = 0 is synchronous: step t generates its own batch, then trains on it. K > 0: step 0 first generates the
-    batches of steps 0..K-1 with the initial weights; then every step t gets v(t) to the generators and generates
-    step t + K with it while (or, sharing devices, before) the actor trains on step t's batch, queued K steps earlier.
-    The last K steps generate nothing.
+    `groups` are the run's worker groups by component name (the trainer is `actor`), placed as `placement`;
+    `phases` the family's step phases with the components that hold device memory in each; `offloadable` which
+    components may be offloaded; `identity` what a checkpoint must share with a run that resumes it (the launcher's
+    `checkpoint_identity`), recorded in each checkpoint.
     """
 
-    max_staleness: int
-    max_steps: int
-    overlap: bool
-    """Whether generation runs beside training: the trainer's devices are its own."""
+    family: str
+    """The family's name, recorded in checkpoints."""
+    generators: tuple[str, ...]
+    """The components that generate: their busy seconds are `time/<name>`, and async overlap is measured
+    against them."""
 
-    @classmethod
-    def of(cls, placement: ComponentPlacement, max_staleness: int, max_steps: int, trainer: str) -> AsyncSchedule:
-        """The schedule of a run whose `trainer` group trains while every other component generates; logs once when
-        K > 0 cannot overlap here."""
-        others = {d for name in placement.components if name != trainer for d in placement.devices_of(name)}
-        overlap = not set(placement.devices_of(trainer)) & others
-        if max_staleness and not overlap:
-            log.info(
-                f"rlplace: runner.max_staleness={max_staleness}: the {trainer} shares devices with the components "
-                f"that generate, so generation and training take turns (give the {trainer} devices of its own to "
-                "overlap)"
-            )
-        return cls(max_staleness, max_steps, overlap)
+    def __init__(
+        self,
+        cfg: RunConfig,
+        groups: Mapping[str, WorkerGroup],
+        phases: Phases,
+        offloadable: Mapping[str, bool],
+        placement: ComponentPlacement,
+        identity: dict[str, Any],
+        context: RunContext,
+    ) -> None:
+        self.cfg = cfg
+        self.groups = dict(groups)
+        self.placement, self.identity = placement, identity
+        self.run_dir, self.logger, self.history = context.run_dir, context.logger, context.history
+        self.timer = PhaseTimer()
+        self.timeline = placement_timeline(placement, list(groups))
+        self.switcher = PhaseSwitcher(self.groups, placement, phases, offloadable, self.timer)
+        self.hang_deadline = HangDeadline(self.groups.values(), cfg.runner.hang_timeout_s)
+        self.schedule = AsyncSchedule.of(placement, cfg.runner.max_staleness, cfg.runner.max_steps, trainer="actor")
+        self.checkpoint_root = context.run_dir / checkpoint.FOLDER
+        self.start_step = 0
+        self.training_window: tuple[float, float] | None = None
+        """When training ran beside generation this step: the window in which the actor's busy time is its
+        time/training (the driver cannot time a phase it does not wait on alone)."""
 
-    def before_training(self, step: int) -> list[int]:
-        """The steps whose rollouts are generated before the actor trains on `step`: that step when synchronous, the
-        first K steps at step 0 of a run with K > 0 (all with the initial weights), else none."""
-        if self.max_staleness == 0:
-            return [step]
-        return list(range(min(self.max_staleness, self.max_steps))) if step == 0 else []
+    # --- what a family supplies ---------------------------------------------------------------------------------
 
-    def ahead(self, step: int) -> int | None:
-        """The step whose rollouts are generated with the weights of `step` beside (or before) its training: step + K,
-        None when synchronous or past the last step."""
-        ahead = step + self.max_staleness
-        return ahead if self.max_staleness and ahead < self.max_steps else None
+    @abstractmethod
+    def open_channels(self) -> AbstractContextManager[C]:
+        """The run's channels, open for the length of the loop (`open_channels`)."""
+
+    @abstractmethod
+    def sync_weights(self) -> None:
+        """Actor rank 0 -> every group that generates with the actor's weights (timed as `sync_weights`)."""
+
+    @abstractmethod
+    def generate(self, step: int, version: int, channels: C) -> G:
+        """The rollouts of `step`, generated with the weights of `version` updates; times itself as
+        `generate_rollouts` (its stages may not end together)."""
+
+    @abstractmethod
+    def generate_while_training(self, ahead: int, step: int, channels: C) -> tuple[G, A, T]:
+        """The rollouts of step `ahead` (weights `step`), while the actor computes advantages and trains on the batch
+        of `step`, then takes in the new one; returns what `generate`, `compute_advantages` and `train` do."""
+
+    @abstractmethod
+    def compute_advantages(self, channels: C) -> A:
+        """On the actor, once it took in the batches generated (timed as `advantages`)."""
+
+    @abstractmethod
+    def train(self, step: int) -> T:
+        """The policy (and critic) update of `step` (timed as `training`)."""
+
+    @abstractmethod
+    def record(self, t0: float, generated: list[G], advantages: A, trained: T) -> dict[str, float]:
+        """The step's metrics, from `t0` (the step's start, a Unix time); `step_metrics` gives the ones every family
+        logs."""
+
+    @abstractmethod
+    def save_workers(self, folder: str) -> Iterable[GroupFuture]:
+        """Ask the groups that hold state to write it into `folder` (a checkpoint's staging folder)."""
+
+    @abstractmethod
+    def load_workers(self, folder: str) -> Iterable[GroupFuture]:
+        """Ask the groups that hold state to restore it from the checkpoint `folder`."""
+
+    @abstractmethod
+    def state(self) -> dict[str, Any]:
+        """The runner's own counters, for a checkpoint (JSON)."""
+
+    @abstractmethod
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take back the counters `state` saved."""
+
+    @abstractmethod
+    def finish(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
+        """The run's final metrics (`run/*` and the family's), from the last step's and the loop's wall seconds."""
+
+    def progress(self) -> TrainingProgress:
+        return TrainingProgress(self.cfg.runner.max_steps)
+
+    def before_run(self) -> None:
+        """Before the first step of this process (a resumed run included)."""
+
+    def after_step(self, step: int, metrics: dict[str, float], last: bool) -> None:
+        """After `step` is recorded and before it is logged: a family adds what it measures between steps."""
+
+    def should_stop(self) -> bool:
+        """Whether the run is done before `runner.max_steps` (a solved task)."""
+        return False
+
+    def serving(self) -> AbstractContextManager[object]:
+        """The context the loop runs in (the groups' calls through the mailboxes, say); nothing by default."""
+        return nullcontext()
+
+    # --- the loop -----------------------------------------------------------------------------------------------
+
+    def init_workers(self) -> None:
+        """Restore from `runner.resume` if it names a checkpoint (resolved and verified by the driver before
+        anything started)."""
+        if self.cfg.runner.resume is None:
+            return
+        resume = Path(self.cfg.runner.resume)
+        wait_all(*self.load_workers(str(resume)))
+        state = json.loads((resume / checkpoint.STATE_FILE).read_text())
+        self.start_step = state["step"]
+        self.restore(state)
+        log.info(f"rlplace: resumed from {resume} at step {self.start_step}")
+
+    def run(self) -> dict[str, float]:
+        """Train `runner.max_steps` steps, or until the family stops it or the run is preempted (SIGTERM, Ctrl-C);
+        returns the final metrics (`finish`). The last step is always checkpointed."""
+        cfg = self.cfg.runner
+        metrics: dict[str, float] = {}
+        self.before_run()
+        start = time.perf_counter()
+        with self.open_channels() as channels, self.progress() as progress:
+            progress.update(self.start_step)
+            for step in range(self.start_step, cfg.max_steps):
+                metrics = self.step(step, channels)
+                self.hang_deadline.observe(metrics["time/step"])
+                last = step + 1 == cfg.max_steps
+                self.after_step(step, metrics, last)
+                self.logger.log(metrics, step)
+                self.timeline.write(self.run_dir / TIMELINE_FILE)  # readable while the run goes on
+                self.history.append(metrics)
+                progress.update(step + 1, metrics)
+                done = last or self.should_stop() or preemption.requested()
+                if done or (cfg.save_interval and (step + 1) % cfg.save_interval == 0):
+                    self.save_checkpoint(step + 1)
+                if done:
+                    break
+        seconds = time.perf_counter() - start
+        self.timeline.write(self.run_dir / TIMELINE_FILE)
+        return self.finish(metrics, seconds)
+
+    def step(self, step: int, channels: C) -> dict[str, float]:
+        """One training step, with K = runner.max_staleness.
+
+        K = 0, synchronous: the generators get the weights of the previous `step` updates, generate this step's
+        rollouts with them, and the actor trains on them. K > 0: this step's batch was generated K steps earlier
+        (the first K, at step 0, with the initial weights); the generators get v(step) and generate step + K with
+        it while the actor trains on this step's batch: side by side where the actor's devices are its own, in turn
+        where it shares them. Either way the batch of step t comes from weights max(0, t - K), whatever the timing.
+        """
+        t0 = time.time()
+        generated: list[G] = []
+        with self.timer.phase("step"):
+            self.update_rollout_weights()
+            for early in self.schedule.before_training(step):
+                self.switcher.before("generate_rollouts")
+                generated.append(self.generate(early, step, channels))
+            ahead = self.schedule.ahead(step)
+            if ahead is not None and self.schedule.overlap:
+                start = self.timer.now()
+                made, advantages, trained = self.generate_while_training(ahead, step, channels)
+                self.training_window = (start, self.timer.now())
+                generated.append(made)
+            else:
+                if ahead is not None:
+                    self.switcher.before("generate_rollouts")
+                    generated.append(self.generate(ahead, step, channels))
+                self.switcher.before("training")
+                with self.timer.phase("advantages"):
+                    advantages = self.compute_advantages(channels)
+                with self.timer.phase("training"):
+                    trained = self.train(step)
+        return self.record(t0, generated, advantages, trained)
+
+    def update_rollout_weights(self) -> None:
+        """Switch for the weight sync, then sync (timed as `sync_weights`)."""
+        self.switcher.before("sync_weights")
+        with self.timer.phase("sync_weights"):
+            self.sync_weights()
+
+    def step_metrics(self, t0: float, t1: float) -> dict[str, float]:
+        """What every family records of the step that ran from `t0` to `t1` (Unix times): time/* of the driver's
+        phases and of each generator's busy seconds, the actor's training time when it ran beside generation, and
+        its overlap with generation when asynchronous."""
+        metrics = self.timer.step_metrics()
+        collect_spans(self.timer, self.timeline, self.groups.values())
+        for name in self.generators:
+            metrics[f"time/{name}"] = self.timeline.busy_seconds(name, t0, t1)
+        if self.training_window is not None:
+            metrics["time/training"] = self.timeline.busy_seconds("actor", *self.training_window)
+            self.training_window = None
+        if self.cfg.runner.max_staleness:
+            metrics["time/overlap"] = self.timeline.overlap("actor", self.generators, t0, t1, spans_of_a=TRAINING_SPANS)
+        return metrics
+
+    def save_checkpoint(self, step: int) -> Path:
+        """The groups' state and the runner's counters after `step` steps: one atomic folder."""
+        with self.timer.phase("checkpoint"):
+            tmp = checkpoint.staging_dir(self.checkpoint_root, step)
+            wait_all(*self.save_workers(str(tmp)))
+            state = {"family": self.family, "step": step, **self.state(), "identity": self.identity}
+            (tmp / checkpoint.STATE_FILE).write_text(json.dumps(state))
+            return checkpoint.commit(tmp)
 
 
 @contextmanager
@@ -165,7 +316,7 @@ def placement_timeline(placement: ComponentPlacement, components: Sequence[str])
     )
 
 
-def collect_spans(timer: PhaseTimer, timeline: Timeline, groups: Sequence[WorkerGroup]) -> None:
+def collect_spans(timer: PhaseTimer, timeline: Timeline, groups: Iterable[WorkerGroup]) -> None:
     """Move the step's driver phases and every worker's timed spans onto the timeline."""
     timeline.extend(timer.drain_spans())
     for group in groups:

@@ -1,24 +1,24 @@
 """Launch an embodied run on a cluster: the env, rollout and actor groups where the placement says, then the loop.
 
 This is the whole user-facing flow (`Cluster` -> placement -> `create_group(...).start(...)` for each group ->
-`wait_started` -> runner), as `rlplace-train` runs it for an embodied task: `start`, then `train`.
+`wait_started` -> runner), as `rlplace-train` runs it for an embodied task: `start`, then `runner` (the module is the
+family's `core.launcher.Launcher`).
 """
 
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from rlplace.core import checkpoint
+from rlplace.core.launcher import RunContext
 from rlplace.embodied import profile
 from rlplace.embodied.config import FAMILY, EmbodiedConfig
 from rlplace.embodied.runner import EmbodiedRunner
 from rlplace.embodied.workers import ActorWorker, EnvWorker, RolloutWorker
-from rlplace.metrics import MetricLogger
 from rlplace.placement import HybridComponentPlacement
-from rlplace.scheduler import Cluster, StartingGroup, WorkerGroupSpec, serve, wait_started
+from rlplace.scheduler import Cluster, StartingGroup, WorkerGroupSpec, wait_started
 
 
 class StartingRun(NamedTuple):
@@ -33,7 +33,7 @@ class StartingRun(NamedTuple):
 
 
 def start(cfg: EmbodiedConfig, cluster: Cluster) -> StartingRun:
-    """Start the env, rollout and actor groups together, without waiting for them (`train` waits): their processes
+    """Start the env, rollout and actor groups together, without waiting for them (`runner` waits): their processes
     import torch and build their models side by side, while the driver goes on (it starts the logger)."""
     placement = HybridComponentPlacement(cfg, cluster)
     env_world_size = placement.get_world_size("env")
@@ -52,38 +52,19 @@ def start(cfg: EmbodiedConfig, cluster: Cluster) -> StartingRun:
     )
 
 
-def train(
-    cfg: EmbodiedConfig,
-    starting: StartingRun,
-    run_dir: Path,
-    logger: MetricLogger,
-    history: list[dict[str, float]],
-    started: float,
-) -> dict[str, float]:
-    """Wait for the groups, run the loop; returns the last step's metrics plus `run/*` and `final/*`.
-
-    `run/startup_s` counts from `started` (a `time.monotonic()` reading: the command's start) to the loop's start.
-    """
+def runner(cfg: EmbodiedConfig, starting: StartingRun, context: RunContext) -> EmbodiedRunner:
+    """Wait for the groups, and build the loop that drives them."""
     env, rollout, actor = wait_started(starting.env, starting.rollout, starting.actor)
-    runner = EmbodiedRunner(
+    return EmbodiedRunner(
         cfg,
         actor=actor,
         rollout=rollout,
         env=env,
         placement=starting.placement,
-        run_dir=run_dir,
-        logger=logger,
         identity=checkpoint_identity(cfg),
-        history=history,
+        context=context,
         device_cores=starting.device_cores,
     )
-    with serve(env, rollout, actor):  # the step's calls through the mailboxes: a Ray call costs a ms each way
-        runner.init_workers()
-        startup_s = time.monotonic() - started
-        final = runner.run()
-    final["run/startup_s"] = startup_s
-    final["final/return_last20"] = final.get("env/return_last20", math.nan)
-    return final
 
 
 def checkpoint_identity(cfg: EmbodiedConfig) -> dict[str, Any]:

@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from rlplace.core.errors import ConfigError
-from rlplace.core.runner import switch_plan
+from rlplace.core.schedule import switch_plan
 from rlplace.embodied.checks import check_embodied
 from rlplace.embodied.config import COMPONENTS, FAMILY, EmbodiedConfig
-from rlplace.embodied.runner import PHASES
+from rlplace.embodied.phases import PHASES
 from rlplace.placement import ComponentPlacement, PlacementError
 from rlplace.placement.cores import device_cores
 from rlplace.planner import Profile, Resources, Work, busiest, load_profile
-from rlplace.scheduler.group_mean import SMALL_BYTES
+from rlplace.scheduler.limits import SMALL_BYTES
 
 DEFAULT_AVERAGE_S = 0.25e-3
 """Gradient averaging per minibatch per extra rank when the profile had one actor rank (mailbox averaging of a

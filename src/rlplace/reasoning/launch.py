@@ -1,17 +1,16 @@
 """Launch a reasoning run on a cluster: the rollout, reward, inference and actor groups where the placement says,
 all starting from the same model folder, then the loop. The reasoning counterpart of `embodied.launch`, as
-`rlplace-train` runs it.
+`rlplace-train` runs it (the module is the family's `core.launcher.Launcher`).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from rlplace.core import checkpoint
-from rlplace.metrics import MetricLogger
+from rlplace.core.launcher import RunContext
 from rlplace.placement import HybridComponentPlacement
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.pretrain import pretrained_model_path
@@ -44,7 +43,7 @@ class StartingRun(NamedTuple):
 
 
 def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
-    """Find (or pretrain) the starting model, then start the groups without waiting for them (`train` waits): their
+    """Find (or pretrain) the starting model, then start the groups without waiting for them (`runner` waits): their
     processes import torch and load the model side by side, while the driver goes on (it starts the logger).
 
     A vLLM rollout on GPUs starts last, once the others are up: it sizes its cache by the device memory it measures
@@ -67,37 +66,21 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
     return StartingRun(model_path, placement, actor, inference, reward, rollout)
 
 
-def train(
-    cfg: ReasoningConfig,
-    starting: StartingRun,
-    run_dir: Path,
-    logger: MetricLogger,
-    history: list[dict[str, float]],
-    started: float,
-) -> dict[str, float]:
-    """Wait for the groups, run the loop; returns the last step's metrics plus `run/*` and
-    `eval/accuracy_{before,after}`. `run/startup_s` counts from `started` (a `time.monotonic()` reading: the command's
-    start) to the loop's start."""
+def runner(cfg: ReasoningConfig, starting: StartingRun, context: RunContext) -> ReasoningRunner:
+    """Wait for the groups, and build the loop that drives them."""
     actor, inference, reward, rollout = wait_started(
         starting.actor, starting.inference, starting.reward, starting.rollout
     )
-    runner = ReasoningRunner(
+    return ReasoningRunner(
         cfg,
         actor=actor,
         rollout=rollout,
         reward=reward,
         inference=inference,
         placement=starting.placement,
-        run_dir=run_dir,
-        logger=logger,
         identity=checkpoint_identity(cfg, starting.model_path),
-        history=history,
+        context=context,
     )
-    runner.init_workers()
-    startup_s = time.monotonic() - started
-    final = runner.run()
-    final["run/startup_s"] = startup_s
-    return final
 
 
 def checkpoint_identity(cfg: ReasoningConfig, model_path: Path) -> dict[str, Any]:

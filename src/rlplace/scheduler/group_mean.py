@@ -17,10 +17,9 @@ import torch
 import torch.distributed as dist
 
 from rlplace.scheduler.context import WorkerContext
+from rlplace.scheduler.limits import SMALL_BYTES
 from rlplace.scheduler.mailbox import Address, mailbox
 
-SMALL_BYTES = 1 << 20
-"""Largest tensor averaged through the mailboxes."""
 TIMEOUT_S = 300.0
 """How long a rank waits for its peers' tensors (and, at first, for their addresses)."""
 

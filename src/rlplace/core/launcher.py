@@ -1,0 +1,46 @@
+"""The interface every task family's launcher implements: how `rlplace-train` starts, runs and reports a run.
+
+A launcher is a module (`rlplace.embodied.launch`, `rlplace.reasoning.launch`) whose functions match `Launcher`;
+`rlplace.families` names each family's launcher and imports it only when a run starts (it imports torch and the
+worker classes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # the interface must import neither Ray nor torch: the CLIs check configs before either loads
+    from rlplace.core.runner import Runner
+    from rlplace.metrics import MetricLogger
+    from rlplace.scheduler import Cluster
+
+
+@dataclass
+class RunContext:
+    """What the driver gives a family's runner: where the run writes, and what it logs to."""
+
+    run_dir: Path
+    logger: MetricLogger
+    history: list[dict[str, float]]
+    """Every step's metrics, appended as the run goes (the driver summarises them)."""
+
+
+class Launcher(Protocol):
+    """What `rlplace-train` asks of a family, in the order it asks."""
+
+    def check_checkpoint(self, cfg: Any, folder: Path) -> None:
+        """Refuse, before any worker starts, a checkpoint this run cannot continue exactly (ConfigError, one line)."""
+
+    def run_labels(self, cfg: Any) -> dict[str, Any]:
+        """What tells this run apart from others of a sweep besides its mode (run.json, wandb tags)."""
+
+    def start(self, cfg: Any, cluster: Cluster) -> Any:
+        """Start the run's worker groups without waiting for them; returns what `runner` needs to wait on."""
+
+    def runner(self, cfg: Any, starting: Any, context: RunContext) -> Runner[Any, Any, Any, Any]:
+        """Wait for the started groups and build the family's runner."""
+
+    def summary(self, cfg: Any, mode: str, final: dict[str, float], run_dir: Path) -> tuple[str, float]:
+        """The closing line, and the sweep objective."""
