@@ -16,7 +16,7 @@ from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.envs import ActionSpec
 from rlplace.embodied.losses import ppo_policy_loss, value_loss
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.ppo import ppo_update, proximal_logprobs
+from rlplace.embodied.ppo import Shard, ppo_update, proximal_logprobs
 
 PARAMS = PPOConfig(update_epochs=4, num_minibatches=4, ent_coef=0.0)
 
@@ -106,6 +106,83 @@ def test_allreduce_keeps_data_parallel_ranks_identical() -> None:
     for a, b, original in zip(models[0].parameters(), models[1].parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         assert not torch.equal(a, original)
+
+
+def _data_parallel(world_size: int, stale: bool, seed: int = 0) -> tuple[list[torch.Tensor], dict[str, float]]:
+    """The update of `_setup`'s batch, laid out as T=16 steps x N=16 env columns, on `world_size` ranks (threads),
+    each with the contiguous env columns an actor rank gets; sums and averages go through shared slots in rank
+    order, as the mailboxes do. Returns rank 0's parameters and stats (after checking every rank has the same)."""
+    model, _, batch = _setup(seed)
+    if stale:  # an older behaviour policy: the update weighs samples by pi_prox / pi_behav
+        batch["prox_logprobs"] = batch["logprobs"] + 0.05 * torch.randn(256, generator=torch.Generator().manual_seed(9))
+    steps, columns = 16, 16
+    per_rank = columns // world_size
+    index = [
+        (torch.arange(steps)[:, None] * columns + torch.arange(r * per_rank, (r + 1) * per_rank)[None, :]).flatten()
+        for r in range(world_size)
+    ]
+    barrier = threading.Barrier(world_size, timeout=10)
+    slots: list[torch.Tensor | None] = [None] * world_size
+    results: list[tuple[list[torch.Tensor], dict[str, float]] | None] = [None] * world_size
+    errors: list[BaseException] = []
+
+    def reduce(rank: int, tensor: torch.Tensor, mean: bool) -> None:
+        slots[rank] = tensor.clone()
+        barrier.wait()
+        total = slots[0].clone()
+        for other in slots[1:]:
+            total += other
+        tensor.copy_(total / world_size if mean else total)
+        barrier.wait()  # nobody overwrites its slot before every rank has read them all
+
+    def run(rank: int) -> None:
+        def average(grads: list[torch.Tensor]) -> None:
+            flat = torch.cat([g.flatten() for g in grads])
+            reduce(rank, flat, mean=True)
+            torch.nn.utils.vector_to_parameters(flat, grads)
+
+        try:
+            mine = copy.deepcopy(model)
+            shard = Shard(index[rank], steps * columns, world_size, lambda t: reduce(rank, t, mean=False))
+            local = {k: v[index[rank]] for k, v in batch.items()}
+            optimizer = torch.optim.Adam(mine.parameters(), lr=1e-2, eps=1e-5)
+            generator = torch.Generator().manual_seed(3)
+            stats = ppo_update(mine, optimizer, local, PARAMS, generator, average, shard)
+            results[rank] = ([p.detach().clone() for p in mine.parameters()], stats)
+        except BaseException as e:  # surfaced below: a thread's exception would otherwise vanish
+            errors.append(e)
+            barrier.abort()
+
+    if world_size == 1:  # the one-process update, no shard
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-5)
+        stats = ppo_update(model, optimizer, batch, PARAMS, torch.Generator().manual_seed(3))
+        return [p.detach() for p in model.parameters()], stats
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for params, stats in results[1:]:
+        assert stats == results[0][1]
+        for a, b in zip(params, results[0][0], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    return results[0]
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["sync", "async"])
+def test_the_rank_count_does_not_change_the_update(stale: bool) -> None:
+    # 1, 2 and 4 ranks train the same update of the same global batch: same minibatches, advantages normalised over
+    # the global minibatch, losses weighted by each rank's share. What differs is float summation order (sums over
+    # ranks instead of one tensor's mean), a few ulps per step that 16 Adam steps carry on: hence 1e-5, not 0.
+    params_1, stats_1 = _data_parallel(1, stale)
+    for world_size in (2, 4):
+        params, stats = _data_parallel(world_size, stale)
+        for a, b in zip(params, params_1, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert stats.keys() == stats_1.keys()
+        for key, value in stats.items():
+            assert value == pytest.approx(stats_1[key], rel=1e-4, abs=1e-6), key
 
 
 def test_refuses_incomplete_or_tiny_batch() -> None:

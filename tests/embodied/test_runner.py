@@ -225,6 +225,19 @@ def test_placement_changes_speed_never_results(hybrid_run: Path, collocated_run:
 
 
 @pytest.mark.slow
+def test_the_actor_rank_count_does_not_change_results(hybrid_run: Path, tmp_path: Path) -> None:
+    # hybrid_run with the actor data-parallel over both devices: 2 ranks train the update 1 rank does (global
+    # minibatches, advantages normalised over them, losses weighted by each rank's share: `ppo.Shard`). Sums over
+    # ranks round differently from one tensor's mean, by about 1e-7 relative: hence the tolerance.
+    two_ranks = run(tmp_path, *HYBRID[:1], "cluster.component_placement.actor=0-1", *HYBRID[2:])
+    one_rank = metrics(hybrid_run)
+    assert len(two_ranks) == len(one_rank) == 2
+    for step in range(2):
+        for key in COMPARED:
+            assert two_ranks[step][key] == pytest.approx(one_rank[step][key], rel=1e-5, abs=1e-6), (step, key)
+
+
+@pytest.mark.slow
 def test_the_return_window_and_the_stop_step_do_not_depend_on_placement(shared_ray: None, tmp_path: Path) -> None:
     # The default presets on cluster=local: hybrid runs 1 env process, collocated 2, so finished episodes arrive split
     # differently over env ranks (32 CartPole envs finish about 45 episodes a step). The 20-episode window that decides

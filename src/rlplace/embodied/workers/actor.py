@@ -1,8 +1,9 @@
 """ActorWorker: PPO training, data-parallel over actor ranks.
 
 Every rank starts from the same seed (so identical initial weights), trains on its own shard of env columns and
-averages gradients with an all-reduce before each optimizer step. Minibatches are shuffled by a generator seeded
-identically on every rank, so ranks step in lockstep. Rank 0 owns weight sync and checkpoints.
+averages gradients with an all-reduce before each optimizer step. Minibatches are drawn over the global batch by a
+generator seeded identically on every rank, so ranks step in lockstep and any rank count trains the same update
+(`ppo.Shard`). Rank 0 owns weight sync and checkpoints.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rlplace.embodied.advantages import compute_advantages
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.ppo import make_optimizer, minibatch_step, ppo_update, proximal_logprobs
+from rlplace.embodied.ppo import Shard, make_optimizer, minibatch_step, ppo_update, proximal_logprobs
 from rlplace.embodied.profile import WARMUP, median_seconds, repeats_for, seconds_of
 from rlplace.embodied.streams import actor_pieces, actor_shard, all_streams
 from rlplace.embodied.trajectory import Trajectory
@@ -103,8 +104,10 @@ class ActorWorker(Worker):
         flat = {k: v.to(self.device) for k, v in flat.items()}
         if self.cfg.runner.max_staleness:  # the batch came from an older policy: correct for it
             flat["prox_logprobs"] = proximal_logprobs(self.model, flat["obs"], flat["actions"])
-        allreduce = self._average_grads if self.world_size > 1 else None
-        stats = ppo_update(self.model, self.optimizer, flat, alg, self.generator, allreduce)
+        allreduce, shard = None, None
+        if self.world_size > 1:
+            allreduce, shard = self._average_grads, self._shard(batch.rewards.shape[0])
+        stats = ppo_update(self.model, self.optimizer, flat, alg, self.generator, allreduce, shard)
         self.version += 1
         stats["train/lr"] = self.optimizer.param_groups[0]["lr"]
         stats["async/staleness"] = float(step - batch.versions.float().mean())
@@ -112,6 +115,18 @@ class ActorWorker(Worker):
 
     def _average_grads(self, grads: list[torch.Tensor]) -> None:
         average_grads(grads, self.average_over_group)
+
+    def _shard(self, num_steps: int) -> Shard:
+        """Where this rank's samples ([T, n] flattened, its env columns) lie in the global batch ([T, N] flattened),
+        so that every rank count trains the same update (`ppo.Shard`)."""
+        total = self.cfg.task.total_num_envs
+        start, end = actor_shard(total, self.rank, self.world_size)
+        index = torch.arange(num_steps)[:, None] * total + torch.arange(start, end)[None, :]
+        return Shard(index.flatten(), num_steps * total, self.world_size, self._sum_over_group)
+
+    def _sum_over_group(self, tensor: torch.Tensor) -> None:
+        self.average_over_group(tensor)
+        tensor.mul_(self.world_size)
 
     def profile_update(self, sizes: list[int], repeats: int | None = None) -> list[float]:
         """For each n of `sizes`, the median seconds of one minibatch step of the update (`minibatch_step`: loss,
