@@ -5,30 +5,41 @@ config section (PPOConfig) as it is."""
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 
 import pytest
 import torch
 
+from rlplace.core.data_parallel import Shard
 from rlplace.core.errors import ConfigError
 from rlplace.core.off_policy import behaviour_weight
 from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.envs import ActionSpec
 from rlplace.embodied.losses import ppo_policy_loss, value_loss
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.ppo import Shard, ppo_update, proximal_logprobs
+from rlplace.embodied.ppo import ppo_update, proximal_logprobs
+from tests.data_parallel import ThreadRanks
 
 PARAMS = PPOConfig(update_epochs=4, num_minibatches=4, ent_coef=0.0)
 
 
-def _setup(seed: int = 0) -> tuple[MLPActorCritic, torch.optim.Optimizer, dict[str, torch.Tensor]]:
+DISCRETE = ActionSpec(kind="discrete", n=2)
+CONTINUOUS = ActionSpec(kind="continuous", dim=2, low=(-1.0, -1.0), high=(1.0, 1.0))
+"""A HalfCheetah-like head: Gaussian actions."""
+
+
+def _setup(
+    seed: int = 0, action: ActionSpec = DISCRETE
+) -> tuple[MLPActorCritic, torch.optim.Optimizer, dict[str, torch.Tensor]]:
     torch.manual_seed(seed)
-    model = MLPActorCritic(4, ActionSpec(kind="discrete", n=2), hidden_sizes=(16, 16))
+    model = MLPActorCritic(4, action, hidden_sizes=(16, 16))
     obs = torch.randn(256, 4)
     with torch.no_grad():
-        actions = torch.randint(0, 2, (256,))
+        actions = torch.randint(0, 2, (256,)) if action.discrete else torch.randn(256, action.dim)
         logprobs, _, values = model.evaluate(obs, actions)
-    advantages = torch.where(actions == (obs[:, 0] > 0).long(), 1.0, -1.0) + 0.1 * torch.randn(256)  # learnable
+    right = actions == (obs[:, 0] > 0).long() if action.discrete else (actions[:, 0] > 0) == (obs[:, 0] > 0)
+    advantages = torch.where(right, 1.0, -1.0) + 0.1 * torch.randn(256)  # learnable
     batch = {
         "obs": obs,
         "actions": actions,
@@ -108,61 +119,35 @@ def test_allreduce_keeps_data_parallel_ranks_identical() -> None:
         assert not torch.equal(a, original)
 
 
-def _data_parallel(world_size: int, stale: bool, seed: int = 0) -> tuple[list[torch.Tensor], dict[str, float]]:
+def _data_parallel(
+    world_size: int, stale: bool, action: ActionSpec, seed: int = 0
+) -> tuple[list[torch.Tensor], dict[str, float]]:
     """The update of `_setup`'s batch, laid out as T=16 steps x N=16 env columns, on `world_size` ranks (threads),
-    each with the contiguous env columns an actor rank gets; sums and averages go through shared slots in rank
-    order, as the mailboxes do. Returns rank 0's parameters and stats (after checking every rank has the same)."""
-    model, _, batch = _setup(seed)
+    each with the contiguous env columns an actor rank gets. Returns rank 0's parameters and stats (after checking
+    that every rank has the same)."""
+    model, _, batch = _setup(seed, action)
     if stale:  # an older behaviour policy: the update weighs samples by pi_prox / pi_behav
         batch["prox_logprobs"] = batch["logprobs"] + 0.05 * torch.randn(256, generator=torch.Generator().manual_seed(9))
-    steps, columns = 16, 16
-    per_rank = columns // world_size
-    index = [
-        (torch.arange(steps)[:, None] * columns + torch.arange(r * per_rank, (r + 1) * per_rank)[None, :]).flatten()
-        for r in range(world_size)
-    ]
-    barrier = threading.Barrier(world_size, timeout=10)
-    slots: list[torch.Tensor | None] = [None] * world_size
-    results: list[tuple[list[torch.Tensor], dict[str, float]] | None] = [None] * world_size
-    errors: list[BaseException] = []
-
-    def reduce(rank: int, tensor: torch.Tensor, mean: bool) -> None:
-        slots[rank] = tensor.clone()
-        barrier.wait()
-        total = slots[0].clone()
-        for other in slots[1:]:
-            total += other
-        tensor.copy_(total / world_size if mean else total)
-        barrier.wait()  # nobody overwrites its slot before every rank has read them all
-
-    def run(rank: int) -> None:
-        def average(grads: list[torch.Tensor]) -> None:
-            flat = torch.cat([g.flatten() for g in grads])
-            reduce(rank, flat, mean=True)
-            torch.nn.utils.vector_to_parameters(flat, grads)
-
-        try:
-            mine = copy.deepcopy(model)
-            shard = Shard(index[rank], steps * columns, world_size, lambda t: reduce(rank, t, mean=False))
-            local = {k: v[index[rank]] for k, v in batch.items()}
-            optimizer = torch.optim.Adam(mine.parameters(), lr=1e-2, eps=1e-5)
-            generator = torch.Generator().manual_seed(3)
-            stats = ppo_update(mine, optimizer, local, PARAMS, generator, average, shard)
-            results[rank] = ([p.detach().clone() for p in mine.parameters()], stats)
-        except BaseException as e:  # surfaced below: a thread's exception would otherwise vanish
-            errors.append(e)
-            barrier.abort()
-
     if world_size == 1:  # the one-process update, no shard
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-5)
         stats = ppo_update(model, optimizer, batch, PARAMS, torch.Generator().manual_seed(3))
         return [p.detach() for p in model.parameters()], stats
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    steps, columns = 16, 16
+    per_rank = columns // world_size
+    ranks = ThreadRanks(world_size)
+
+    def train(rank: int) -> tuple[list[torch.Tensor], dict[str, float]]:
+        columns_of_rank = torch.arange(rank * per_rank, (rank + 1) * per_rank)
+        index = (torch.arange(steps)[:, None] * columns + columns_of_rank[None, :]).flatten()
+        shard = Shard(index, steps * columns, world_size, lambda t: ranks.sum(rank, t))
+        mine = copy.deepcopy(model)
+        optimizer = torch.optim.Adam(mine.parameters(), lr=1e-2, eps=1e-5)
+        local = {k: v[index] for k, v in batch.items()}
+        average = functools.partial(ranks.average_grads, rank)
+        stats = ppo_update(mine, optimizer, local, PARAMS, torch.Generator().manual_seed(3), average, shard)
+        return [p.detach() for p in mine.parameters()], stats
+
+    results = ranks.run(train)
     for params, stats in results[1:]:
         assert stats == results[0][1]
         for a, b in zip(params, results[0][0], strict=True):
@@ -171,13 +156,14 @@ def _data_parallel(world_size: int, stale: bool, seed: int = 0) -> tuple[list[to
 
 
 @pytest.mark.parametrize("stale", [False, True], ids=["sync", "async"])
-def test_the_rank_count_does_not_change_the_update(stale: bool) -> None:
+@pytest.mark.parametrize("action", [DISCRETE, CONTINUOUS], ids=["discrete", "continuous"])
+def test_the_rank_count_does_not_change_the_update(stale: bool, action: ActionSpec) -> None:
     # 1, 2 and 4 ranks train the same update of the same global batch: same minibatches, advantages normalised over
     # the global minibatch, losses weighted by each rank's share. What differs is float summation order (sums over
     # ranks instead of one tensor's mean), a few ulps per step that 16 Adam steps carry on: hence 1e-5, not 0.
-    params_1, stats_1 = _data_parallel(1, stale)
+    params_1, stats_1 = _data_parallel(1, stale, action)
     for world_size in (2, 4):
-        params, stats = _data_parallel(world_size, stale)
+        params, stats = _data_parallel(world_size, stale, action)
         for a, b in zip(params, params_1, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         assert stats.keys() == stats_1.keys()

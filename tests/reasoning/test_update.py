@@ -6,12 +6,13 @@ compute_advantages dispatches per algorithm. The update reads the `algorithm` co
 from __future__ import annotations
 
 import copy
-import threading
+import functools
 from dataclasses import replace
 
 import pytest
 import torch
 
+from rlplace.core.data_parallel import Shard
 from rlplace.core.errors import ConfigError
 from rlplace.core.off_policy import behaviour_weight
 from rlplace.reasoning.advantages import grpo_advantages, masked_mean, reinforce_pp_advantages
@@ -20,6 +21,7 @@ from rlplace.reasoning.config import ReasoningAlgorithmConfig
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.update import compute_advantages, llm_update
+from tests.data_parallel import ThreadRanks
 
 GROUP = 4
 PROMPTS = ["1+2=", "10+20="]
@@ -217,53 +219,127 @@ def test_allreduce_is_called_once_per_step_and_a_no_op_changes_nothing(folder):
     assert torch.equal(_flat(twins[0]), _flat(twins[1]))
 
 
-@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
-def test_two_data_parallel_ranks_match_one_process(folder, agg):
-    # Two ranks on threads, one prompt group each, average their gradients through shared slots as
-    # torch.distributed's all-reduce would. The groups hold 10 tokens (and 4 responses) each, so the average of the
-    # ranks' token-mean (or sequence-mean) gradients is the full batch's: both ranks must end identical, and equal to
-    # one process on the whole batch.
+GROUPS = {
+    "1+2=": (["3", "41", "5", "62"], [1.0, 0.0, 0.0, 0.0]),
+    "10+20=": (["30", "1", "70", "8"], [1.0, 1.0, 0.0, 0.0]),
+    "3+4=": (["7", "77", "0", "12"], [1.0, 0.0, 1.0, 1.0]),
+    "7+7=": (["14", "4", "141", "2"], [0.0, 1.0, 0.0, 0.0]),
+}
+"""Four prompt groups, one micro-batch each, with responses of unequal lengths: ranks hold unequal token counts."""
+
+
+def _micro_batches(folder, policy) -> list[SequenceBatch]:
+    """One micro-batch per prompt group (index = its position), responses padded to one width as the rollout pads
+    them to max_new_tokens, with the policy's log-probs as old."""
+    tokenizer = load_tokenizer(folder)
+    width = 1 + max(len(r) for responses, _ in GROUPS.values() for r in responses)  # a character a token, and EOS
+    parts = []
+    for index, (prompt, (responses, rewards)) in enumerate(GROUPS.items()):
+        encoded = tokenizer([prompt] * GROUP, padding=True, return_tensors="pt")
+        ids = [tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for r in responses]
+        tokens, mask = torch.zeros(GROUP, width, dtype=torch.long), torch.zeros(GROUP, width, dtype=torch.long)
+        for row, response in enumerate(ids):
+            tokens[row, : len(response)], mask[row, : len(response)] = torch.tensor(response), 1
+        part = SequenceBatch(
+            index, encoded["input_ids"], encoded["attention_mask"], tokens, mask, responses, torch.tensor(rewards)
+        )
+        part.old_logprobs = response_logprobs(policy, part)
+        parts.append(part)
+    return parts
+
+
+def _train(folder, params, world_size: int, stale: bool) -> tuple[torch.Tensor, dict[str, float]]:
+    """One update of the four groups' batch on `world_size` ranks (threads), micro-batch m on rank m % world_size as
+    the actor routes them; returns rank 0's policy (and critic) weights and its stats, after checking every rank
+    ends the same."""
+    torch.manual_seed(0)
     policy = load_causal_lm(folder)
-    params = replace(GRPO, num_minibatches=1, loss_agg=agg)
-    shards = [_batch(folder, policy, slice(rank, rank + 1)) for rank in range(2)]
-    ranks = [copy.deepcopy(policy) for _ in range(2)]
-    barrier = threading.Barrier(2, timeout=30)
-    slots: list[list[torch.Tensor]] = [[], []]
-    errors: list[BaseException] = []
+    critic = ValueModel.from_pretrained(folder) if params.name == "ppo" else None
+    parts = _micro_batches(folder, policy)
+    noise = torch.Generator().manual_seed(5)
+    for part in parts:  # an older behaviour policy sampled the responses: the update weighs tokens by pi_prox/pi_behav
+        part.behaviour = part.old_logprobs + 0.1 * torch.randn(part.old_logprobs.shape, generator=noise)
+    ranks = ThreadRanks(world_size)
 
-    def run(rank: int) -> None:
-        def allreduce(model: torch.nn.Module) -> None:
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            slots[rank] = [g.clone() for g in grads]
-            barrier.wait()
-            for g, mine, theirs in zip(grads, slots[rank], slots[1 - rank], strict=True):
-                g.copy_((mine + theirs) / 2)
-            barrier.wait()  # neither rank overwrites its slot before the other has read it
+    def train(rank: int) -> tuple[torch.Tensor, dict[str, float]]:
+        mine = [part for part in parts if part.index % world_size == rank]
+        batch = SequenceBatch.concat(mine)
+        behaviour = SequenceBatch.concat([replace(part, old_logprobs=part.behaviour) for part in mine]).old_logprobs
+        shard, sum_over_ranks = None, None
+        if world_size > 1:
+            index = torch.cat([part.index * GROUP + torch.arange(GROUP) for part in mine])
+            shard = Shard(index, len(parts) * GROUP, world_size, functools.partial(ranks.sum, rank))
+            sum_over_ranks = shard.sum_over_ranks
+        model, value_model = copy.deepcopy(policy), copy.deepcopy(critic)
+        critic_args = {}
+        old_values = None
+        if value_model is not None:
+            with torch.no_grad():
+                old_values = value_model.response_values(batch)
+        advantages, returns = compute_advantages(batch, params, old_values, sum_over_ranks)
+        if value_model is not None:
+            critic_optimizer = torch.optim.SGD(value_model.parameters(), lr=0.1)
+            critic_args = dict(critic=value_model, critic_optimizer=critic_optimizer, returns=returns)
+            critic_args["old_values"] = old_values
 
-        try:
-            advantages, _ = compute_advantages(shards[rank], params)
-            optimizer = torch.optim.SGD(ranks[rank].parameters(), lr=0.5)
-            generator = torch.Generator().manual_seed(3)
-            llm_update(ranks[rank], optimizer, shards[rank], advantages, params, generator, allreduce_grads=allreduce)
-        except BaseException as e:  # surfaced below: a thread's exception would otherwise vanish
-            errors.append(e)
-            barrier.abort()
+        def allreduce(module: torch.nn.Module) -> None:
+            ranks.average_grads(rank, [p.grad for p in module.parameters() if p.grad is not None])
 
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    assert torch.equal(_flat(ranks[0]), _flat(ranks[1]))
+        stats = llm_update(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            batch,
+            advantages,
+            params,
+            torch.Generator().manual_seed(3),
+            behaviour_logprobs=behaviour if stale else None,
+            allreduce_grads=allreduce if world_size > 1 else None,
+            shard=shard,
+            **critic_args,
+        )
+        weights = [_flat(model)] + ([] if value_model is None else [_flat(value_model)])
+        return torch.cat(weights), stats
 
-    single = copy.deepcopy(policy)
-    batch = _batch(folder, policy)
-    advantages, _ = compute_advantages(batch, params)
-    optimizer = torch.optim.SGD(single.parameters(), lr=0.5)
-    llm_update(single, optimizer, batch, advantages, params, torch.Generator().manual_seed(3))
-    torch.testing.assert_close(_flat(ranks[0]), _flat(single), atol=1e-5, rtol=1e-5)
-    assert not torch.equal(_flat(single), _flat(policy))
+    results = ranks.run(train)
+    for weights, stats in results[1:]:
+        assert stats == results[0][1]
+        assert torch.equal(weights, results[0][0])
+    return results[0]
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        replace(GRPO, kl_coef=0.0),
+        replace(GRPO, loss_agg="seq_mean_token_mean"),
+        algorithm("reinforce_pp", update_epochs=2, num_minibatches=2),
+        algorithm("ppo", update_epochs=2, num_minibatches=2),
+    ],
+    ids=["grpo", "grpo_seq_mean", "reinforce_pp", "ppo"],
+)
+def test_the_rank_count_does_not_change_the_update(folder, params, stale):
+    # 1, 2 and 4 ranks train the update of the same global batch: minibatches drawn over it, losses and stats divided
+    # by the global minibatch's token and response counts, REINFORCE++'s and PPO's whitening over the whole batch. The
+    # ranks hold unequal token counts (responses of unequal length). What differs is float summation order and the
+    # padding of a rank's rows (its prompts and responses padded to its own widths): a few ulps, hence 1e-5.
+    weights_1, stats_1 = _train(folder, params, 1, stale)
+    for world_size in (2, 4):
+        weights, stats = _train(folder, params, world_size, stale)
+        torch.testing.assert_close(weights, weights_1, rtol=1e-5, atol=1e-6)
+        assert stats.keys() == stats_1.keys()
+        for key, value in stats.items():
+            assert value == pytest.approx(stats_1[key], rel=1e-4, abs=1e-6), key
+    assert not torch.equal(weights_1, _train_start(folder, params))
+
+
+def _train_start(folder, params) -> torch.Tensor:
+    """The weights before the update: it must have changed them."""
+    torch.manual_seed(0)
+    weights = [_flat(load_causal_lm(folder))]
+    if params.name == "ppo":
+        weights.append(_flat(ValueModel.from_pretrained(folder)))
+    return torch.cat(weights)
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,10 @@
 
 Each rank calls `ppo_update` on its own shard with the same `algorithm` config section and a generator seeded
 identically on every rank. With one rank and no `allreduce_grads` it is CleanRL's update (minus the `target_kl` early
-stop, which would need the ranks to agree on stopping). Several ranks run that same update of the whole batch, so
-that the number of actor ranks (the placement) never changes the result: each epoch's permutation is drawn over the
-global batch, a rank trains on the samples of each global minibatch that lie in its shard (`Shard`), advantages are
-normalised with the global minibatch's mean and std, each rank's loss is weighted by its share of the minibatch
-before `allreduce_grads` averages the gradients, and the reported stats are global means. What remains is float
-summation order.
+stop, which would need the ranks to agree on stopping). Several ranks run that same update of the whole batch
+(`rlplace.core.data_parallel`): global minibatches, advantages normalised with the global minibatch's mean and std,
+each rank's loss weighted by its share of the minibatch before `allreduce_grads` averages the gradients, and global
+means as stats.
 
 Asynchronous training (runner.max_staleness = K > 0) trains step t on rollouts of policy version max(0, t - K), the
 behaviour policy. The actor then calls `proximal_logprobs` once over its shard, with its current weights, before
@@ -23,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from rlplace.core.data_parallel import Shard, global_minibatches
 from rlplace.core.off_policy import behaviour_weight
 from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.policy import MLPActorCritic
@@ -35,19 +34,6 @@ BATCH_KEYS = ("obs", "actions", "logprobs", "values", "advantages", "returns")
 PROXIMAL_KEY = "prox_logprobs"
 """The optional [B] log-probs of the actions under the actor's weights at the start of the update (asynchronous
 training); with it, "logprobs" are the behaviour policy's."""
-
-
-@dataclass(frozen=True)
-class Shard:
-    """One data-parallel rank's part of a batch split over `world_size` ranks."""
-
-    index: Tensor
-    """[B] the position in the global batch (0 <= i < size) of each of this rank's samples."""
-    size: int
-    """Samples in the global batch."""
-    world_size: int
-    sum_over_ranks: Callable[[Tensor], None]
-    """Replaces a tensor by its sum over the ranks, in place; every rank calls it in the same order."""
 
 
 def make_optimizer(model: MLPActorCritic, lr: float) -> torch.optim.Adam:
@@ -103,12 +89,11 @@ def ppo_update(
     if batch_size < min_size:
         raise ValueError(f"batch of {batch_size} is too small for {alg.num_minibatches} minibatches")
     device = batch["obs"].device
-    orders = [torch.randperm(batch_size, generator=generator) for _ in range(alg.update_epochs)]
-    global_minibatches = [mb for order in orders for mb in order.tensor_split(alg.num_minibatches)]
+    minibatches = global_minibatches(batch_size, alg.update_epochs, alg.num_minibatches, generator)
     if shard is None:
-        steps = [StepPlan(mb.to(device)) for mb in global_minibatches]
+        steps = [StepPlan(mb.to(device)) for mb in minibatches]
     else:
-        steps = shard_steps(shard, global_minibatches, batch["advantages"] if alg.norm_adv else None, device)
+        steps = shard_steps(shard, minibatches, batch["advantages"] if alg.norm_adv else None, device)
     stats: dict[str, list[Tensor]] = {k: [] for k in STAT_KEYS}
     for plan in steps:  # exactly update_epochs x num_minibatches steps on every rank
         step_stats = minibatch_step(model, optimizer, batch, plan.mb, proximal, weights, alg, allreduce_grads, plan)
@@ -148,9 +133,7 @@ def shard_steps(
     """This rank's part of each global minibatch (in the global order), its share, and, when advantages are
     normalised, the global minibatch's mean and std: two collective calls for the whole update, since the
     advantages stay fixed across it."""
-    local_of = torch.full((shard.size,), -1, dtype=torch.long)
-    local_of[shard.index] = torch.arange(shard.index.numel())
-    local = [found[found >= 0] for found in (local_of[mb] for mb in minibatches)]
+    local = shard.split(minibatches)
     sizes = torch.tensor([mb.numel() for mb in minibatches], dtype=torch.float64)
     shares = [part.numel() / size for part, size in zip(local, sizes.tolist(), strict=True)]
     norms: list[tuple[Tensor, Tensor] | None] = [None] * len(local)

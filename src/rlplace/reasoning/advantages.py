@@ -10,6 +10,8 @@ The masked statistics that the losses share (`masked_mean`, `masked_whiten`) liv
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -28,18 +30,32 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+def masked_whiten(
+    x: Tensor, mask: Tensor, eps: float = 1e-8, sum_over_ranks: Callable[[Tensor], None] | None = None
+) -> Tensor:
     """(x - mean) / sqrt(var + eps) over the valid positions, zero on padding.
 
     The variance is unbiased (Bessel-corrected), as verl's `masked_whiten`, so the numbers match verl's; that needs at
-    least two valid positions, and a ValueError says so otherwise.
+    least two valid positions, and a ValueError says so otherwise. With `sum_over_ranks` (in place, every data-parallel
+    rank calling it in the same order) `x` is one rank's part of the batch, and mean and variance are the whole
+    batch's (`rlplace.core.data_parallel`).
     """
     fmask = _float_mask(mask, x)
-    count = fmask.sum()
+    if sum_over_ranks is None:
+        count = fmask.sum()
+        mean = masked_mean(x, fmask)
+    else:
+        sums = torch.stack([(x * fmask).sum(), fmask.sum()]).double()
+        sum_over_ranks(sums)
+        count, mean = sums[1], (sums[0] / sums[1]).to(x.dtype)
     if count < 2:
         raise ValueError(f"masked_whiten needs at least 2 valid positions, got {int(count.item())}")
-    mean = masked_mean(x, fmask)
-    var = masked_mean((x - mean) ** 2, fmask) * count / (count - 1)
+    if sum_over_ranks is None:
+        var = masked_mean((x - mean) ** 2, fmask) * count / (count - 1)
+    else:
+        squares = (((x - mean) ** 2) * fmask).sum().double().reshape(1)
+        sum_over_ranks(squares)
+        var = (squares[0] / (count - 1)).to(x.dtype)
     return (x - mean) * torch.rsqrt(var + eps) * fmask
 
 
@@ -98,8 +114,10 @@ def reinforce_pp_advantages(
     group_size: int | None = None,
     gamma: float = 1.0,
     eps: float = 1e-8,
+    sum_over_ranks: Callable[[Tensor], None] | None = None,
 ) -> Tensor:
-    """REINFORCE++ (Hu, 2025): discounted returns of KL-penalised token rewards, whitened over the whole batch.
+    """REINFORCE++ (Hu, 2025): discounted returns of KL-penalised token rewards, whitened over the whole batch
+    (over every rank's part of it with `sum_over_ranks`, as `masked_whiten`).
 
     Token reward: -kl_coef * token_kl at every response token, plus the sequence reward on the last one. With
     `group_size` the sequence reward is first reduced by its group's mean (REINFORCE++-baseline), which removes the
@@ -117,7 +135,7 @@ def reinforce_pp_advantages(
     if token_kl is not None:
         token_rewards = kl_penalized(token_rewards, token_kl, kl_coef, mask)
     returns = _returns_to_go(token_rewards, gamma)
-    return masked_whiten(returns, mask, eps=eps)
+    return masked_whiten(returns, mask, eps=eps, sum_over_ranks=sum_over_ranks)
 
 
 def token_gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:

@@ -12,6 +12,8 @@ With asynchronous training (runner.max_staleness > 0) the responses come from an
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -21,18 +23,40 @@ LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean")
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
 
 
-def aggregate_loss(loss_mat: Tensor, mask: Tensor, agg: str) -> Tensor:
+@dataclass(frozen=True)
+class Counts:
+    """A global minibatch's valid tokens and responses (with a valid token), summed over the data-parallel ranks: the
+    denominators that make a rank's means its part of the global minibatch's (`rlplace.core.data_parallel`)."""
+
+    tokens: Tensor
+    responses: Tensor
+
+    def mean(self, x: Tensor, mask: Tensor) -> Tensor:
+        """This rank's part of the global masked mean of a per-token `x`."""
+        return (x * mask.to(x.dtype)).sum() / self.tokens
+
+
+def token_mean(x: Tensor, mask: Tensor, counts: Counts | None) -> Tensor:
+    """The masked mean of `x` over this minibatch's valid tokens, or this rank's part of the global one."""
+    return masked_mean(x, mask) if counts is None else counts.mean(x, mask)
+
+
+def aggregate_loss(loss_mat: Tensor, mask: Tensor, agg: str, counts: Counts | None = None) -> Tensor:
     """Reduce a [B, T] per-token loss to a scalar.
 
     "token_mean": every valid token weighs the same (DAPO's token-level loss), so long responses weigh more.
     "seq_mean_token_mean": the mean over responses (with at least one valid token) of each response's token mean
-    (GRPO's original form), so every response weighs the same whatever its length.
+    (GRPO's original form), so every response weighs the same whatever its length. With `counts` the result is this
+    rank's part of the global minibatch's loss.
     """
     if agg == "token_mean":
-        return masked_mean(loss_mat, mask)
+        return token_mean(loss_mat, mask, counts)
     if agg == "seq_mean_token_mean":
         seq_losses = masked_mean(loss_mat, mask, dim=-1)
-        return masked_mean(seq_losses, mask.sum(-1) > 0)
+        valid = mask.sum(-1) > 0
+        if counts is None:
+            return masked_mean(seq_losses, valid)
+        return (seq_losses * valid.to(seq_losses.dtype)).sum() / counts.responses
     raise ValueError(f"unknown agg {agg!r}: valid are {', '.join(LOSS_AGGREGATIONS)}")
 
 
@@ -45,6 +69,7 @@ def token_policy_loss(
     clip_ratio_high: float,
     agg: str = "token_mean",
     weights: Tensor | None = None,
+    counts: Counts | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped surrogate per token, negated and weighted: w * max(-A * r, -A * clip(r, 1 - low, 1 + high)),
     aggregated by `agg`.
@@ -56,6 +81,7 @@ def token_policy_loss(
     term wins strictly, i.e. where the token's gradient is cut off (verl's pg_clipfrac); `approx_kl` is the masked
     mean of k3, (r - 1) - log r, an unbiased non-negative estimate of KL(old || new), as the embodied
     `ppo_policy_loss` reports it; both relative to the proximal policy. `behaviour_weight` is the masked mean of w.
+    With `counts`, the loss and the stats are this rank's parts of the global minibatch's.
     """
     log_ratio = logprobs - old_logprobs
     ratio = log_ratio.exp()
@@ -64,11 +90,11 @@ def token_policy_loss(
     weights = torch.where(mask.bool(), weights, torch.zeros_like(weights))
     surrogate = -advantages * ratio
     clipped_surrogate = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    loss = aggregate_loss(weights * torch.max(surrogate, clipped_surrogate), mask, agg)
+    loss = aggregate_loss(weights * torch.max(surrogate, clipped_surrogate), mask, agg, counts)
     with torch.no_grad():
-        clip_frac = masked_mean((clipped_surrogate > surrogate).to(ratio.dtype), mask)
-        approx_kl = masked_mean((ratio - 1.0) - log_ratio, mask)
-        mean_weight = masked_mean(weights, mask)
+        clip_frac = token_mean((clipped_surrogate > surrogate).to(ratio.dtype), mask, counts)
+        approx_kl = token_mean((ratio - 1.0) - log_ratio, mask, counts)
+        mean_weight = token_mean(weights, mask, counts)
     return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl, "behaviour_weight": mean_weight}
 
 
@@ -89,14 +115,22 @@ def kl_divergence(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
     raise ValueError(f"unknown kl kind {kind!r}: valid are {', '.join(KL_KINDS)}")
 
 
-def token_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None) -> Tensor:
+def token_value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip: float | None,
+    counts: Counts | None = None,
+) -> Tensor:
     """Half the squared error to the returns, token-mean over valid tokens; with `clip`, the pessimistic max over the
-    prediction clipped to within `clip` of the rollout-time value (PPO's trust region for the critic)."""
+    prediction clipped to within `clip` of the rollout-time value (PPO's trust region for the critic). With `counts`,
+    this rank's part of the global minibatch's loss."""
     unclipped = (values - returns) ** 2
     if clip is None:
-        return 0.5 * masked_mean(unclipped, mask)
+        return 0.5 * token_mean(unclipped, mask, counts)
     clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
-    return 0.5 * masked_mean(torch.max(unclipped, (clipped_values - returns) ** 2), mask)
+    return 0.5 * token_mean(torch.max(unclipped, (clipped_values - returns) ** 2), mask, counts)
 
 
 def logprobs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:

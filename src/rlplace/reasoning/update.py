@@ -4,8 +4,11 @@ REINFORCE++ and PPO with a critic, written so that data-parallel actor ranks can
 Each actor rank calls `llm_update` on its own shard of rows with the same `algorithm` config section and a generator
 seeded identically on every rank, so every rank takes the same number of optimizer steps; `allreduce_grads`, called
 after each backward pass, averages the gradients across ranks before clipping and stepping, so the ranks' models
-stay identical. Losses are aggregated over a rank's own minibatch (verl's convention): with unequal token counts
-across ranks the average of rank gradients weighs tokens slightly differently from a single-process run.
+stay identical. Several ranks train the update one process would train on the whole batch
+(`rlplace.core.data_parallel`): minibatches are drawn over the global batch, losses and stats divide by the global
+minibatch's token and response counts (`losses.Counts`, as verl's global token normalisation), and the advantages'
+whitening uses the whole batch's mean and variance. The number of actor ranks (the placement) never changes the
+result but for float summation order.
 
 Advantages are computed once per batch, before the update (`compute_advantages`), from rollout-time log-probs and
 values; they stay fixed across the update's epochs.
@@ -19,11 +22,13 @@ weighted by π_prox / π_behav as algorithm.off_policy_correction says (`behavio
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
+from rlplace.core.data_parallel import Shard, global_minibatches
 from rlplace.core.off_policy import behaviour_weight
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
 from rlplace.reasoning.models.value_model import ValueModel
@@ -31,7 +36,6 @@ from rlplace.reasoning.models.value_model import ValueModel
 from .advantages import (
     grpo_advantages,
     kl_penalized,
-    masked_mean,
     masked_whiten,
     reinforce_pp_advantages,
     sequence_rewards_to_tokens,
@@ -39,13 +43,18 @@ from .advantages import (
 )
 from .batch import SequenceBatch, response_logits
 from .losses import (
+    Counts,
     aggregate_loss,
     entropy_from_logits,
     kl_divergence,
     logprobs_from_logits,
+    token_mean,
     token_policy_loss,
     token_value_loss,
 )
+
+SumOverRanks = Callable[[Tensor], None] | None
+"""In-place sum over the data-parallel ranks (`core.data_parallel.Shard.sum_over_ranks`); None on one rank."""
 
 
 def _rollout_kl(batch: SequenceBatch, alg: ReasoningAlgorithmConfig) -> Tensor:
@@ -59,23 +68,33 @@ Advantages = tuple[Tensor, Tensor | None]
 """[B, T] advantages and, where the algorithm has a critic, [B, T] returns."""
 
 
-def _grpo(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None) -> Advantages:
-    """Group-normalised rewards; GRPO's KL, if any, is a loss term."""
+def _grpo(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None, _: SumOverRanks) -> Advantages:
+    """Group-normalised rewards (a group lies within one rank's rows); GRPO's KL, if any, is a loss term."""
     return grpo_advantages(batch.rewards, batch.response_mask, alg.group_size), None
 
 
-def _reinforce_pp(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None) -> Advantages:
+def _reinforce_pp(
+    batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None, sum_over_ranks: SumOverRanks
+) -> Advantages:
     """Whitened returns of the rewards, group-baselined when group_size > 1, with the KL penalty in the token rewards
     unless use_kl_loss."""
     token_kl = _rollout_kl(batch, alg) if alg.kl_in_reward else None
     group_size = alg.group_size if alg.group_size > 1 else None  # a group of 1 has no baseline
     advantages = reinforce_pp_advantages(
-        batch.rewards, batch.response_mask, token_kl, alg.kl_coef, group_size=group_size, gamma=alg.gamma
+        batch.rewards,
+        batch.response_mask,
+        token_kl,
+        alg.kl_coef,
+        group_size=group_size,
+        gamma=alg.gamma,
+        sum_over_ranks=sum_over_ranks,
     )
     return advantages, None
 
 
-def _ppo(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None) -> Advantages:
+def _ppo(
+    batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None, sum_over_ranks: SumOverRanks
+) -> Advantages:
     """GAE over the token rewards (reward on the EOS, KL penalty unless use_kl_loss) with the critic's rollout-time
     `values`; the advantages are whitened over the batch, the returns (the critic's target) stay in reward units."""
     if values is None:
@@ -85,10 +104,12 @@ def _ppo(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | N
     if alg.kl_in_reward:
         token_rewards = kl_penalized(token_rewards, _rollout_kl(batch, alg), alg.kl_coef, mask)
     advantages, returns = token_gae(token_rewards, values.to(token_rewards.device), mask, alg.gamma, alg.gae_lambda)
-    return masked_whiten(advantages, mask), returns
+    return masked_whiten(advantages, mask, sum_over_ranks=sum_over_ranks), returns
 
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable[[SequenceBatch, ReasoningAlgorithmConfig, Tensor | None], Advantages]] = {
+ADVANTAGE_ESTIMATORS: dict[
+    str, Callable[[SequenceBatch, ReasoningAlgorithmConfig, Tensor | None, SumOverRanks], Advantages]
+] = {
     "grpo": _grpo,
     "reinforce_pp": _reinforce_pp,
     "ppo": _ppo,
@@ -96,13 +117,19 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[[SequenceBatch, ReasoningAlgorithmConfi
 """`algorithm.name` -> its advantage estimator (the config refuses any other name)."""
 
 
-def compute_advantages(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None = None) -> Advantages:
+def compute_advantages(
+    batch: SequenceBatch,
+    alg: ReasoningAlgorithmConfig,
+    values: Tensor | None = None,
+    sum_over_ranks: SumOverRanks = None,
+) -> Advantages:
     """[B, T] advantages for every response token (zeros on padding) and, for ppo, [B, T] returns (else None).
 
-    `values` are the critic's rollout-time values, which only ppo reads."""
+    `values` are the critic's rollout-time values, which only ppo reads. With `sum_over_ranks`, `batch` is one
+    data-parallel rank's rows, and statistics over the batch are taken over every rank's."""
     if batch.rewards is None:
         raise ValueError("compute_advantages needs batch.rewards (the reward worker fills them)")
-    return ADVANTAGE_ESTIMATORS[alg.name](batch, alg, values)
+    return ADVANTAGE_ESTIMATORS[alg.name](batch, alg, values, sum_over_ranks)
 
 
 def _optimizer_step(
@@ -133,6 +160,7 @@ def llm_update(
     old_values: Tensor | None = None,
     behaviour_logprobs: Tensor | None = None,
     allreduce_grads: Callable[[nn.Module], None] | None = None,
+    shard: Shard | None = None,
 ) -> dict[str, float]:
     """Run `update_epochs` x `num_minibatches` optimizer steps on `batch`'s rows; returns train/* means over them.
 
@@ -150,6 +178,9 @@ def llm_update(
     same (synchronous training): w = 1, plain PPO. Otherwise each token's surrogate is weighted by the fixed
     `behaviour_weight(old_logprobs, behaviour_logprobs)` under alg.off_policy_correction and alg.behaviour_weight_cap,
     whose mean over valid tokens is `train/behaviour_weight` (1 without behaviour log-probs).
+
+    `shard` says which rows of the global batch `batch` holds when it is one data-parallel rank's part (None: the
+    whole batch); the update and its stats are then the global batch's.
     """
     if batch.old_logprobs is None:
         raise ValueError("llm_update needs batch.old_logprobs (the inference worker fills them)")
@@ -159,7 +190,7 @@ def llm_update(
         raise ValueError("ppo needs a critic")
     if critic is not None and (critic_optimizer is None or returns is None or old_values is None):
         raise ValueError("a critic needs critic_optimizer, returns and old_values")
-    num_rows = batch.num_rows
+    num_rows = batch.num_rows if shard is None else shard.size
     if num_rows < alg.num_minibatches:
         raise ValueError(f"{num_rows} rows are too few for {alg.num_minibatches} minibatches")
     weights = None  # fixed for the whole update, as both log-probs are
@@ -187,53 +218,110 @@ def llm_update(
     for model, _ in modes:
         model.train()
 
-    for _ in range(alg.update_epochs):
-        order = torch.randperm(num_rows, generator=generator)
-        for rows in order.tensor_split(alg.num_minibatches):  # exactly num_minibatches steps on every rank
-            step_stats: dict[str, Tensor] = {}
-            optimizer.zero_grad()
-            logits = response_logits(policy, input_ids[rows], attention_mask[rows], width)
-            device = logits.device
-            row_mask = mask[rows].to(device)
-            logprobs = logprobs_from_logits(logits, input_ids[rows, width:].to(device))
-            pg_loss, pg_stats = token_policy_loss(
-                logprobs,
-                batch.old_logprobs[rows].to(device),
-                advantages[rows].to(device),
-                row_mask,
-                alg.clip_ratio_low,
-                alg.clip_ratio_high,
-                alg.loss_agg,
-                None if weights is None else weights[rows].to(device),
-            )
-            entropy = aggregate_loss(entropy_from_logits(logits), row_mask, alg.loss_agg)
-            loss = pg_loss - alg.ent_coef * entropy
-            step_stats["kl"] = torch.zeros((), device=device)
-            if batch.ref_logprobs is not None:
-                token_kl = kl_divergence(logprobs, batch.ref_logprobs[rows].to(device), alg.kl_type)
-                if alg.kl_in_loss:
-                    loss = loss + alg.kl_coef * aggregate_loss(token_kl, row_mask, alg.loss_agg)
-                step_stats["kl"] = masked_mean(token_kl.detach(), row_mask)
-            loss.backward()
-            step_stats["grad_norm"] = _optimizer_step(policy, optimizer, alg.max_grad_norm, allreduce_grads)
-            step_stats.update(policy_loss=pg_loss.detach(), entropy=entropy.detach(), **pg_stats)
-
-            if critic is not None:
-                critic_optimizer.zero_grad()
-                values = critic.response_values(batch, rows)
-                device = values.device
-                v_loss = token_value_loss(
-                    values, old_values[rows].to(device), returns[rows].to(device), mask[rows].to(device), alg.value_clip
-                )
-                (alg.vf_coef * v_loss).backward()
-                _optimizer_step(critic, critic_optimizer, alg.max_grad_norm, allreduce_grads)
-                step_stats["value_loss"] = v_loss.detach()
-
-            for key in keys:  # detached; read once at the end (no device syncs per step)
+    minibatches = global_minibatches(num_rows, alg.update_epochs, alg.num_minibatches, generator)
+    if shard is None:
+        steps: list[tuple[Tensor, Counts | None]] = [(rows, None) for rows in minibatches]
+    else:
+        steps = list(zip(shard.split(minibatches), _global_counts(shard, minibatches, mask), strict=True))
+    # A rank's loss is its part of the global minibatch's; the gradient averaging over ranks divides by their count.
+    scale = 1.0 if shard is None else float(shard.world_size)
+    for rows, counts in steps:  # exactly update_epochs x num_minibatches steps on every rank
+        step_stats: dict[str, Tensor] = {}
+        if rows.numel() == 0:  # none of this global minibatch's rows is this rank's: it adds nothing
+            step_stats = _empty_step(policy, optimizer, critic, critic_optimizer, alg, allreduce_grads)
+            for key in keys:
                 stats[key].append(step_stats[key].float())
+            continue
+        optimizer.zero_grad()
+        logits = response_logits(policy, input_ids[rows], attention_mask[rows], width)
+        device = logits.device
+        row_mask = mask[rows].to(device)
+        logprobs = logprobs_from_logits(logits, input_ids[rows, width:].to(device))
+        pg_loss, pg_stats = token_policy_loss(
+            logprobs,
+            batch.old_logprobs[rows].to(device),
+            advantages[rows].to(device),
+            row_mask,
+            alg.clip_ratio_low,
+            alg.clip_ratio_high,
+            alg.loss_agg,
+            None if weights is None else weights[rows].to(device),
+            counts,
+        )
+        entropy = aggregate_loss(entropy_from_logits(logits), row_mask, alg.loss_agg, counts)
+        loss = pg_loss - alg.ent_coef * entropy
+        step_stats["kl"] = torch.zeros((), device=device)
+        if batch.ref_logprobs is not None:
+            token_kl = kl_divergence(logprobs, batch.ref_logprobs[rows].to(device), alg.kl_type)
+            if alg.kl_in_loss:
+                loss = loss + alg.kl_coef * aggregate_loss(token_kl, row_mask, alg.loss_agg, counts)
+            step_stats["kl"] = token_mean(token_kl.detach(), row_mask, counts)
+        (loss * scale if scale != 1.0 else loss).backward()
+        step_stats["grad_norm"] = _optimizer_step(policy, optimizer, alg.max_grad_norm, allreduce_grads)
+        step_stats.update(policy_loss=pg_loss.detach(), entropy=entropy.detach(), **pg_stats)
+
+        if critic is not None:
+            critic_optimizer.zero_grad()
+            values = critic.response_values(batch, rows)
+            device = values.device
+            v_loss = token_value_loss(
+                values,
+                old_values[rows].to(device),
+                returns[rows].to(device),
+                mask[rows].to(device),
+                alg.value_clip,
+                counts,
+            )
+            (alg.vf_coef * scale * v_loss).backward()
+            _optimizer_step(critic, critic_optimizer, alg.max_grad_norm, allreduce_grads)
+            step_stats["value_loss"] = v_loss.detach()
+
+        for key in keys:  # detached; read once at the end (no device syncs per step)
+            stats[key].append(step_stats[key].float())
 
     for model, mode in modes:
         model.train(mode)
-    result = {f"train/{key}": torch.stack(values).mean().item() for key, values in stats.items()}
+    stacked = {key: torch.stack(values) for key, values in stats.items()}
+    if shard is not None:  # each rank's parts of the global minibatches' means: summed, the global means
+        means = [key for key in keys if key != "grad_norm"]  # the grad norm is taken after averaging: every rank's
+        parts = torch.stack([stacked[key].cpu() for key in means])
+        shard.sum_over_ranks(parts)
+        stacked.update(zip(means, parts, strict=True))
+    result = {f"train/{key}": values.mean().item() for key, values in stacked.items()}
     result["train/lr"] = float(optimizer.param_groups[0]["lr"])
     return result
+
+
+def _global_counts(shard: Shard, minibatches: list[Tensor], mask: Tensor) -> list[Counts]:
+    """Each global minibatch's valid tokens and responses over every rank: one collective call for the update."""
+    local = shard.split(minibatches)
+    counts = torch.tensor(
+        [[float(mask[rows].sum()), float((mask[rows].sum(-1) > 0).sum())] for rows in local], dtype=torch.float64
+    )
+    shard.sum_over_ranks(counts)
+    counts = counts.float().to(mask.device)
+    return [Counts(tokens=row[0], responses=row[1]) for row in counts]
+
+
+def _empty_step(
+    policy: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    critic: nn.Module | None,
+    critic_optimizer: torch.optim.Optimizer | None,
+    alg: ReasoningAlgorithmConfig,
+    allreduce_grads: Callable[[nn.Module], None] | None,
+) -> dict[str, Tensor]:
+    """A rank's step on none of a global minibatch's rows: zero gradients into the averaging, then the same clipped
+    step as every other rank (and the critic's)."""
+    grad_norm = torch.zeros(())
+    for model, model_optimizer in ((policy, optimizer), (critic, critic_optimizer)):
+        if model is None or model_optimizer is None:
+            continue
+        model_optimizer.zero_grad()
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        norm = _optimizer_step(model, model_optimizer, alg.max_grad_norm, allreduce_grads)
+        grad_norm = norm if model is policy else grad_norm
+    zero = torch.zeros((), device=grad_norm.device)
+    return defaultdict(lambda: zero, grad_norm=grad_norm)

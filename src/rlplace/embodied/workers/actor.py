@@ -3,7 +3,7 @@
 Every rank starts from the same seed (so identical initial weights), trains on its own shard of env columns and
 averages gradients with an all-reduce before each optimizer step. Minibatches are drawn over the global batch by a
 generator seeded identically on every rank, so ranks step in lockstep and any rank count trains the same update
-(`ppo.Shard`). Rank 0 owns weight sync and checkpoints.
+(`core.data_parallel`). Rank 0 owns weight sync and checkpoints.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from rlplace.core.data_parallel import Shard
 from rlplace.core.gradients import average_grads
 from rlplace.core.offload import HostCopies, move
 from rlplace.core.pending import load_pending, save_pending
@@ -23,7 +24,7 @@ from rlplace.embodied.advantages import compute_advantages
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.ppo import Shard, make_optimizer, minibatch_step, ppo_update, proximal_logprobs
+from rlplace.embodied.ppo import make_optimizer, minibatch_step, ppo_update, proximal_logprobs
 from rlplace.embodied.profile import WARMUP, median_seconds, repeats_for, seconds_of
 from rlplace.embodied.streams import actor_pieces, actor_shard, all_streams
 from rlplace.embodied.trajectory import Trajectory
@@ -118,7 +119,7 @@ class ActorWorker(Worker):
 
     def _shard(self, num_steps: int) -> Shard:
         """Where this rank's samples ([T, n] flattened, its env columns) lie in the global batch ([T, N] flattened),
-        so that every rank count trains the same update (`ppo.Shard`)."""
+        so that every rank count trains the same update (`core.data_parallel`)."""
         total = self.cfg.task.total_num_envs
         start, end = actor_shard(total, self.rank, self.world_size)
         index = torch.arange(num_steps)[:, None] * total + torch.arange(start, end)[None, :]
