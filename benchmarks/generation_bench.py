@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from rlplace.reasoning.generation import make_engine
+from rlplace.reasoning.generation.engine import make_engine
 from rlplace.reasoning.models.tiny_lm import build_tiny_lm, load_tokenizer
 
 

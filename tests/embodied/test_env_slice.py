@@ -16,8 +16,8 @@ def _actions(step: int, global_indices: np.ndarray) -> np.ndarray:
 
 
 def test_two_slices_equal_one_slice_step_by_step() -> None:
-    whole = EnvSlice("cartpole", 0, 8, seed=11)
-    parts = [EnvSlice("cartpole", 0, 4, seed=11), EnvSlice("cartpole", 4, 8, seed=11)]
+    whole = EnvSlice("CartPole-v1", 0, 8, seed=11)
+    parts = [EnvSlice("CartPole-v1", 0, 4, seed=11), EnvSlice("CartPole-v1", 4, 8, seed=11)]
     np.testing.assert_array_equal(whole.reset(), np.concatenate([p.reset() for p in parts]))
     for step in range(150):
         expected = whole.step(_actions(step, whole.global_indices))
@@ -32,15 +32,15 @@ def test_two_slices_equal_one_slice_step_by_step() -> None:
 def test_states_taken_from_one_split_continue_in_another() -> None:
     # Mid-episode states of slices [0, 4) and [4, 8), taken back by slices [0, 2) and [2, 8) (as a checkpoint written
     # by two env processes is resumed by a different split), continue exactly like the slice that was never split.
-    whole = EnvSlice("cartpole", 0, 8, seed=5)
-    parts = [EnvSlice("cartpole", 0, 4, seed=5), EnvSlice("cartpole", 4, 8, seed=5)]
+    whole = EnvSlice("CartPole-v1", 0, 8, seed=5)
+    parts = [EnvSlice("CartPole-v1", 0, 4, seed=5), EnvSlice("CartPole-v1", 4, 8, seed=5)]
     for envs in (whole, *parts):
         envs.reset()
         for step in range(30):
             envs.step(_actions(step, envs.global_indices))
         envs.pop_episode_stats()
     states = parts[0].states() + parts[1].states()
-    resumed = [EnvSlice("cartpole", 0, 2, seed=5), EnvSlice("cartpole", 2, 8, seed=5)]
+    resumed = [EnvSlice("CartPole-v1", 0, 2, seed=5), EnvSlice("CartPole-v1", 2, 8, seed=5)]
     for envs in resumed:
         envs.reset()
         envs.restore(states[envs.start : envs.end])
@@ -57,13 +57,13 @@ def test_states_taken_from_one_split_continue_in_another() -> None:
 
 def test_seeds_follow_global_index() -> None:
     # Sub-env 5 of a slice [4, 8) seeded 3 starts where a lone env seeded 3 + 5 starts.
-    lone = make_env("cartpole")
+    lone = make_env("CartPole-v1")
     first_obs, _ = lone.reset(seed=8)
-    np.testing.assert_array_equal(EnvSlice("cartpole", 4, 8, seed=3).reset()[1], first_obs)
+    np.testing.assert_array_equal(EnvSlice("CartPole-v1", 4, 8, seed=3).reset()[1], first_obs)
 
 
 def test_auto_reset_and_episode_stats() -> None:
-    envs = EnvSlice("cartpole", 10, 12, seed=0)
+    envs = EnvSlice("CartPole-v1", 10, 12, seed=0)
     obs = envs.reset()
     lengths, returns, ended_at = [0, 0], [0.0, 0.0], []
     for step in range(1, 60):
@@ -92,7 +92,7 @@ def test_auto_reset_and_episode_stats() -> None:
 
 def test_step_before_reset_is_refused() -> None:
     with pytest.raises(RuntimeError, match="before reset"):
-        EnvSlice("cartpole", 0, 1, seed=0).step(np.zeros(1, dtype=np.int64))
+        EnvSlice("CartPole-v1", 0, 1, seed=0).step(np.zeros(1, dtype=np.int64))
 
 
 def test_split_stages() -> None:
@@ -103,12 +103,12 @@ def test_split_stages() -> None:
         split_stages(0, 4, 5)
 
 
-def test_registry_names_ids_and_unknown() -> None:
-    assert env_spec("cartpole") == env_spec("CartPole-v1")
-    spec = env_spec("cartpole")
+def test_any_gymnasium_id_and_unknown_ids() -> None:
+    spec = env_spec("CartPole-v1")
     assert spec.obs_dim == 4 and spec.action.discrete and spec.action.n == 2
     assert make_env("CartPole-v1").spec.max_episode_steps == 500
-    with pytest.raises(ValueError, match=r"'pong'.*cartpole \(CartPole-v1\).*halfcheetah \(HalfCheetah-v5\)"):
-        make_env("pong")
-    with pytest.raises(ValueError, match="'Ant-v5'"):
-        env_spec("Ant-v5")
+    assert env_spec("Acrobot-v1").action.n == 3  # gymnasium's registry is the task registry
+    with pytest.raises(ValueError, match=r"'Cartpole-v1' is not a registered gymnasium environment \(close: CartPole"):
+        make_env("Cartpole-v1")
+    with pytest.raises(ValueError, match="'pong' is not a registered gymnasium environment"):
+        env_spec("pong")

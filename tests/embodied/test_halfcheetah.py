@@ -14,14 +14,14 @@ from rlplace.embodied.envs import EnvSlice, env_spec  # noqa: E402
 
 
 def test_spec() -> None:
-    spec = env_spec("halfcheetah")
+    spec = env_spec("HalfCheetah-v5")
     assert spec.env_id == "HalfCheetah-v5" and spec.obs_dim == 17
     assert not spec.action.discrete and spec.action.dim == 6
     assert spec.action.low == (-1.0,) * 6 and spec.action.high == (1.0,) * 6
 
 
 def test_steps_and_clips_actions() -> None:
-    clipped, unclipped = EnvSlice("halfcheetah", 0, 2, seed=0), EnvSlice("halfcheetah", 0, 2, seed=0)
+    clipped, unclipped = EnvSlice("HalfCheetah-v5", 0, 2, seed=0), EnvSlice("HalfCheetah-v5", 0, 2, seed=0)
     obs = clipped.reset()
     unclipped.reset()
     assert obs.shape == (2, 17) and obs.dtype == np.float32
@@ -38,12 +38,12 @@ def test_a_pickled_state_continues_exactly() -> None:
     # reset RNG itself. Auto-resets after the restore (every 10 steps) draw their start from that RNG.
     rng = np.random.default_rng(0)
     actions = rng.uniform(-1.0, 1.0, (40, 2, 6)).astype(np.float32)
-    whole = EnvSlice("halfcheetah", 0, 2, seed=0, max_episode_steps=10)
+    whole = EnvSlice("HalfCheetah-v5", 0, 2, seed=0, max_episode_steps=10)
     whole.reset()
     for t in range(15):
         whole.step(actions[t])
     whole.pop_episode_stats()
-    restored = EnvSlice("halfcheetah", 0, 2, seed=0, max_episode_steps=10)
+    restored = EnvSlice("HalfCheetah-v5", 0, 2, seed=0, max_episode_steps=10)
     restored.reset()
     restored.restore(pickle.loads(pickle.dumps(whole.states())))  # as a checkpoint stores and loads them
     for t in range(15, 40):
@@ -55,5 +55,5 @@ def test_a_pickled_state_continues_exactly() -> None:
 def test_leaves_no_mujoco_log_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # MuJoCo's own handler would append the model's compile warning to MUJOCO_LOG.TXT in the working directory.
     monkeypatch.chdir(tmp_path)
-    EnvSlice("halfcheetah", 0, 2, seed=0).reset()
+    EnvSlice("HalfCheetah-v5", 0, 2, seed=0).reset()
     assert list(tmp_path.iterdir()) == []

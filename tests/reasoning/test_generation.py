@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlplace.reasoning.generation import make_engine, sequence_seed
+from rlplace.core.errors import ConfigError
+from rlplace.reasoning.generation.engine import EngineOptions, make_engine, sequence_seed
 from rlplace.reasoning.generation.hf import HFEngine
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
 
@@ -140,7 +141,7 @@ def test_cuda_graphs_decode_the_same_tokens_as_eager_and_follow_weight_updates(m
     """The fast path on a GPU: greedy and sampled tokens equal eager decoding's; weights loaded in place reach the
     captured graphs; after sleep and wake-up the graphs are captured again."""
     eager = HFEngine(str(models.sums), torch.device("cuda"), decoding="dynamic")
-    graphs = make_engine("hf", str(models.sums), "cuda", compile_step=compile_step)
+    graphs = make_engine("hf", str(models.sums), "cuda", options=EngineOptions(compile_step=compile_step))
     assert graphs.decoding == "cuda_graph"
     prompts, ids = [p[:-2] for p in models.prompts], list(range(16))
     expected = _greedy(eager, models.prompts)
@@ -232,5 +233,5 @@ def test_sequence_seeds_differ_per_sample_and_run():
 
 
 def test_unknown_backend_is_refused():
-    with pytest.raises(ValueError, match="generation backend 'sglang' is unknown: choose one of hf, vllm"):
+    with pytest.raises(ConfigError, match=r"rollout.backend = 'sglang' is invalid: valid: hf, vllm"):
         make_engine("sglang", "unused", "cpu")

@@ -18,8 +18,9 @@ from rlplace.reasoning.config import GenerationConfig, LMConfig, PretrainConfig,
 from rlplace.reasoning.models.hf_folder import check_model_folder
 from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
 from rlplace.reasoning.pretrain import STATS_FILE, cache_key, greedy_accuracy, greedy_responses, pretrained_model_path
+from rlplace.reasoning.rewards import exact_match
 from rlplace.reasoning.tasks import make_prompt_source
-from rlplace.reasoning.tasks.prompts import Problem, verify
+from rlplace.reasoning.tasks.prompts import Problem
 
 MAX_NEW_TOKENS = 4
 
@@ -105,7 +106,7 @@ def test_batched_greedy_matches_one_prompt_at_a_time(pretrained: tuple[Reasoning
     prompts = [p.prompt for p in problems]
     expected = [greedy_one_by_one(model, tokenizer, p, MAX_NEW_TOKENS) for p in prompts]
     assert greedy_responses(model, tokenizer, prompts, MAX_NEW_TOKENS, batch_size=3) == expected
-    by_hand = sum(verify(r, p.answer) for r, p in zip(expected, problems, strict=True)) / len(problems)
+    by_hand = sum(exact_match(r, p.answer) for r, p in zip(expected, problems, strict=True)) / len(problems)
     assert greedy_accuracy(model, tokenizer, problems, MAX_NEW_TOKENS, batch_size=3) == by_hand
     # Answers equal to the model's own greedy responses are all accepted; answers it never writes, none.
     own = [Problem(p, r.split("\n")[0].strip()) for p, r in zip(prompts, expected, strict=True)]

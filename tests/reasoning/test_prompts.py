@@ -1,4 +1,4 @@
-"""verify() and JsonlTask: exact-match rewards, JSONL reading, held-out splits, epoch sampling, clear errors."""
+"""exact_match() and JsonlTask: exact-match rewards, JSONL reading, held-out splits, epoch sampling, clear errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rlplace.reasoning.tasks.prompts import JsonlTask, Problem, PromptSource, verify
+from rlplace.reasoning.rewards import exact_match
+from rlplace.reasoning.tasks.prompts import JsonlTask, Problem, PromptSource
 
 
 @pytest.mark.parametrize(
@@ -30,8 +31,8 @@ from rlplace.reasoning.tasks.prompts import JsonlTask, Problem, PromptSource, ve
         ("- 7", "-7", 0.0),
     ],
 )
-def test_verify_is_exact_match_on_the_first_line(response: str, answer: str, reward: float) -> None:
-    assert verify(response, answer) == reward
+def test_exact_match_is_exact_match_on_the_first_line(response: str, answer: str, reward: float) -> None:
+    assert exact_match(response, answer) == reward
 
 
 def _write(path: Path, lines: list[str]) -> str:

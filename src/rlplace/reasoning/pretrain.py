@@ -31,8 +31,9 @@ from rlplace.core.errors import check
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.hf_folder import check_model_folder
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
+from rlplace.reasoning.rewards import Reward, exact_match
 from rlplace.reasoning.tasks import make_prompt_source
-from rlplace.reasoning.tasks.prompts import Problem, verify
+from rlplace.reasoning.tasks.prompts import Problem
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ def fine_tune(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
             "step": step,
             "train_loss": sum(train_losses) / len(train_losses) if train_losses else None,
             "eval_loss": sft_loss(model, tokenizer, eval_set),
-            "accuracy": greedy_accuracy(model, tokenizer, eval_set, max_new_tokens),
+            "accuracy": greedy_accuracy(model, tokenizer, eval_set, max_new_tokens, source.score),
             "seconds": round(time.monotonic() - start, 2),
         }
         log.info(
@@ -226,13 +227,14 @@ def greedy_accuracy(
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
     max_new_tokens: int,
+    score: Reward = exact_match,
     batch_size: int = 256,
 ) -> float:
-    """Share of problems whose greedy response `verify` accepts: the held-out metric pretraining stops on."""
+    """Mean `score` of the greedy responses (the task's reward): the held-out metric pretraining stops on."""
     if not problems:
         raise ValueError("greedy_accuracy needs at least one problem")
     responses = greedy_responses(model, tokenizer, [p.prompt for p in problems], max_new_tokens, batch_size)
-    return sum(verify(r, p.answer) for r, p in zip(responses, problems, strict=True)) / len(problems)
+    return sum(score(r, p.answer) for r, p in zip(responses, problems, strict=True)) / len(problems)
 
 
 @torch.no_grad()

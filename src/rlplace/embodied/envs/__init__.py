@@ -1,18 +1,17 @@
-"""Simulator tasks: the task registry and slices of sub-environments addressed by global env index."""
+"""Simulator tasks: gymnasium environments by id, and slices of sub-environments addressed by global env index."""
 
 from .env_slice import EnvSlice, EpisodeStats, SubEnvState, merge_episode_stats, split_stages
-from .registry import TASKS, ActionSpec, EnvSpec, env_spec, make_env, resolve_env_id
+from .registry import ActionSpec, EnvSpec, check_env_id, env_spec, make_env
 
 __all__ = [
-    "TASKS",
     "ActionSpec",
     "EnvSlice",
     "EnvSpec",
     "EpisodeStats",
     "SubEnvState",
+    "check_env_id",
     "env_spec",
     "make_env",
     "merge_episode_stats",
-    "resolve_env_id",
     "split_stages",
 ]

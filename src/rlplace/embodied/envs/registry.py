@@ -1,11 +1,15 @@
-"""Task names -> gymnasium environments, and what a policy needs to know about them.
+"""Simulator tasks are gymnasium environments, named by their gymnasium id (`task.env_id`), and what a policy needs to
+know about them.
 
-A task is named in configs (`cartpole`, `halfcheetah`) or by its gymnasium id (`CartPole-v1`); both resolve here, and
-anything else is refused with the valid choices, so a typo fails on the driver before any worker starts.
+Gymnasium's own registry is the task registry: any registered id with a flat observation vector and a discrete or
+1-D continuous action space trains, so a new gymnasium task is one option file (`conf/task/<name>.yaml` with its
+`env_id`) and no code; an environment of your own registers with `gymnasium.register` in a module imported first.
+An id gymnasium does not know is refused on the driver, before any worker starts.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -13,12 +17,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-
-TASKS: dict[str, str] = {
-    "cartpole": "CartPole-v1",
-    "halfcheetah": "HalfCheetah-v5",  # MuJoCo: needs the `mujoco` extra
-}
-"""Task name -> gymnasium environment id."""
 
 log = logging.getLogger(__name__)
 
@@ -58,28 +56,26 @@ class ActionSpec:
 class EnvSpec:
     """What the driver needs to size a policy and its buffers, read from the env's spaces."""
 
-    task: str
     env_id: str
     obs_dim: int
     action: ActionSpec
 
 
-def resolve_env_id(task_name_or_env_id: str) -> str:
-    """`cartpole` or `CartPole-v1` -> `CartPole-v1`; anything else is a ValueError naming the valid values."""
-    if task_name_or_env_id in TASKS:
-        return TASKS[task_name_or_env_id]
-    if task_name_or_env_id in TASKS.values():
-        return task_name_or_env_id
-    valid = ", ".join(f"{name} ({env_id})" for name, env_id in TASKS.items())
-    raise ValueError(f"unknown task {task_name_or_env_id!r}: valid tasks are {valid}")
+def check_env_id(env_id: str) -> str:
+    """`env_id` if gymnasium has it registered, else a ValueError naming it and the closest registered ids."""
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
+        hint = f"close: {', '.join(close)}" if close else "gymnasium.pprint_registry() lists them"
+        raise ValueError(f"{env_id!r} is not a registered gymnasium environment ({hint})")
+    return env_id
 
 
-def make_env(task_name_or_env_id: str, **kwargs: Any) -> gym.Env:
-    """One gymnasium env for a task; `kwargs` go to `gym.make` (e.g. `max_episode_steps`).
+def make_env(env_id: str, **kwargs: Any) -> gym.Env:
+    """One gymnasium env; `kwargs` go to `gym.make` (e.g. `max_episode_steps`).
 
     The passive env checker is off: it only inspects the first step and the tests cover what it would check.
     """
-    env_id = resolve_env_id(task_name_or_env_id)
+    check_env_id(env_id)
     if str(gym.spec(env_id).entry_point).startswith("gymnasium.envs.mujoco"):
         _log_mujoco_warnings()
     return gym.make(env_id, disable_env_checker=True, **kwargs)
@@ -104,18 +100,15 @@ def _spec(env_id: str, kwargs_items: tuple[tuple[str, Any], ...]) -> EnvSpec:
         obs_shape = env.observation_space.shape
         if obs_shape is None or len(obs_shape) != 1:
             raise ValueError(f"{env_id}: observation space {env.observation_space} is not a flat vector")
-        task = next(name for name, known_id in TASKS.items() if known_id == env_id)
-        return EnvSpec(
-            task=task, env_id=env_id, obs_dim=int(np.prod(obs_shape)), action=ActionSpec.from_space(env.action_space)
-        )
+        return EnvSpec(env_id=env_id, obs_dim=int(np.prod(obs_shape)), action=ActionSpec.from_space(env.action_space))
     finally:
         env.close()
 
 
-def env_spec(task_name_or_env_id: str, **kwargs: Any) -> EnvSpec:
-    """Observation size and action spec of a task, read from one throwaway env (cached per task and kwargs).
+def env_spec(env_id: str, **kwargs: Any) -> EnvSpec:
+    """Observation size and action spec of an environment, read from one throwaway env (cached per id and kwargs).
 
     Reading the spaces instead of hard-coding them keeps the spec right when `kwargs` change the observation (e.g.
     HalfCheetah's `exclude_current_positions_from_observation`).
     """
-    return _spec(resolve_env_id(task_name_or_env_id), tuple(sorted(kwargs.items())))
+    return _spec(check_env_id(env_id), tuple(sorted(kwargs.items())))

@@ -1,5 +1,2 @@
-"""Generation engines for the LLM rollout: `hf` (transformers) and `vllm`, behind one interface."""
-
-from .engine import BACKENDS, GenerationEngine, make_engine, sequence_seed
-
-__all__ = ["BACKENDS", "GenerationEngine", "make_engine", "sequence_seed"]
+"""Generation engines for the LLM rollout behind one interface (`engine`), one module per backend (`hf`, `vllm`),
+registered in `backends` (which configs import without torch: so this package's init imports nothing)."""

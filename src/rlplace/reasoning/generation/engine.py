@@ -1,12 +1,15 @@
-"""What the LLM rollout needs of a generation engine, and the factory that picks the backend.
+"""What the LLM rollout needs of a generation engine, and the factory that builds the chosen backend's.
 
-Two backends serve the same contract: `hf` (transformers, a decoding loop of ours) and `vllm` (vLLM's offline
-engine). Sampling randomness is keyed by (seed, sample id) per sequence, so what a response turns out to be does not
-depend on which batch, micro-batch or rank generated it, and a run is reproducible however it is placed.
+The backends (`backends.BACKENDS`: `hf`, transformers with a decoding loop of ours; `vllm`, vLLM's offline engine)
+serve the same contract. Sampling randomness is keyed by (seed, sample id) per sequence, so what a response turns out
+to be does not depend on which batch, micro-batch or rank generated it, and a run is reproducible however it is
+placed.
 """
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -14,7 +17,7 @@ import torch
 
 from rlplace.core.rng import splitmix64
 
-BACKENDS = ("hf", "vllm")
+from .backends import BACKENDS
 
 
 class GenerationEngine(Protocol):
@@ -82,34 +85,30 @@ def check_lengths(prompts: list[list[int]], sample_ids: list[int], max_new_token
             )
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """The rollout section's engine settings; each backend reads those it has."""
+
+    gpu_memory_utilization: float = 0.4
+    """vllm on a GPU: the share of device memory it may take (weights and KV cache); hf allocates as it goes."""
+    cuda_graphs: bool = True
+    """hf on a CUDA device: decode with a static KV cache, each step replayed as a CUDA graph (vllm captures its
+    own graphs)."""
+    compile_step: bool = False
+    """hf with cuda_graphs: compile the decode step with `torch.compile` before capturing it."""
+
+
 def make_engine(
     backend: str,
     model_path: str,
     device: torch.device | str,
     *,
     max_model_len: int | None = None,
-    gpu_memory_utilization: float = 0.4,
-    cuda_graphs: bool = True,
-    compile_step: bool = False,
+    options: EngineOptions | None = None,
 ) -> GenerationEngine:
-    """The `backend` engine serving the Hugging Face folder `model_path` on `device`.
+    """The `backend` engine (`BACKENDS`) serving the Hugging Face folder `model_path` on `device`.
 
     `max_model_len` (prompt plus response tokens) defaults to the model's `max_position_embeddings`.
-    `gpu_memory_utilization` is the share of GPU memory vLLM may take (weights and KV cache); the hf backend
-    allocates as it goes and ignores it. `cuda_graphs`: the hf backend on a CUDA device decodes with a static
-    KV cache, each step replayed as a CUDA graph (vllm captures its own graphs); `compile_step` compiles that
-    step with `torch.compile` before capturing it.
     """
-    device = torch.device(device)
-    if backend == "hf":
-        from .hf import HFEngine
-
-        decoding = "cuda_graph" if cuda_graphs and device.type == "cuda" else "dynamic"
-        return HFEngine(model_path, device, max_model_len=max_model_len, decoding=decoding, compile_step=compile_step)
-    if backend == "vllm":
-        from .vllm import VLLMEngine
-
-        return VLLMEngine(
-            model_path, device, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization
-        )
-    raise ValueError(f"generation backend {backend!r} is unknown: choose one of {', '.join(BACKENDS)}")
+    module = importlib.import_module(BACKENDS[backend].module)
+    return module.build(model_path, torch.device(device), max_model_len, options or EngineOptions())

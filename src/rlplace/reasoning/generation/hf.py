@@ -20,7 +20,7 @@ from rlplace.core.rng import uniform_noise
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 
 from .decoding import Decoder, DynamicDecoder, StaticDecoder, bucket_cache_len, bucket_rows
-from .engine import check_lengths, eos_ids
+from .engine import EngineOptions, check_lengths, eos_ids
 
 DECODINGS = ("dynamic", "static", "cuda_graph")
 DONE_CHECK_INTERVAL = 8
@@ -146,3 +146,11 @@ def pick(logits: Tensor, temperature: float, uniforms: Tensor | None) -> Tensor:
     cdf = torch.softmax(logits.float() / temperature, dim=-1).cumsum(dim=-1)
     target = (uniforms * cdf[:, -1]).unsqueeze(-1)
     return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+
+
+def build(model_path: str, device: torch.device, max_model_len: int | None, options: EngineOptions) -> HFEngine:
+    """The hf backend's engine (`engine.make_engine`): CUDA graphs on a CUDA device when asked for."""
+    decoding = "cuda_graph" if options.cuda_graphs and device.type == "cuda" else "dynamic"
+    return HFEngine(
+        model_path, device, max_model_len=max_model_len, decoding=decoding, compile_step=options.compile_step
+    )

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from .engine import check_lengths, eos_ids, sequence_seed
+from .engine import EngineOptions, check_lengths, eos_ids, sequence_seed
 
 CPU_KV_CACHE_GIB = 1
 """KV cache reserved on CPU: 0.5 M tokens of the tiny LM, ample for a rollout; an explicit size, because vLLM
@@ -135,3 +135,10 @@ class VLLMEngine:
         (a segmentation fault after the last test had passed).
         """
         self.llm.llm_engine.engine_core.shutdown()
+
+
+def build(model_path: str, device: torch.device, max_model_len: int | None, options: EngineOptions) -> VLLMEngine:
+    """The vllm backend's engine (`engine.make_engine`)."""
+    return VLLMEngine(
+        model_path, device, max_model_len=max_model_len, gpu_memory_utilization=options.gpu_memory_utilization
+    )

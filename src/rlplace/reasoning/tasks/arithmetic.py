@@ -12,8 +12,9 @@ import random
 from collections.abc import Callable
 
 from rlplace.core.errors import check
+from rlplace.reasoning.rewards import Reward, exact_match
 
-from .prompts import Problem, check_batch_request, seeded_rng
+from .prompts import Problem, Scored, check_batch_request, seeded_rng
 
 OPERATIONS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 """Operator character -> its integer function, in canonical order."""
@@ -21,7 +22,7 @@ MAX_DIGITS = 9
 """Operands stay below one billion, so prompts and answers stay short for a small character-level model."""
 
 
-class ArithmeticTask:
+class ArithmeticTask(Scored):
     """Multi-digit addition, subtraction and multiplication of non-negative integers (a `PromptSource`).
 
     Each operand first draws its number of digits uniformly from [min_digits, max_digits], then a uniform integer with
@@ -41,8 +42,15 @@ class ArithmeticTask:
     """
 
     def __init__(
-        self, seed: int, min_digits: int = 1, max_digits: int = 2, operations: str = "+-", eval_size: int = 200
+        self,
+        seed: int,
+        min_digits: int = 1,
+        max_digits: int = 2,
+        operations: str = "+-",
+        eval_size: int = 200,
+        reward: Reward = exact_match,
     ) -> None:
+        super().__init__(reward)
         check(
             1 <= min_digits <= MAX_DIGITS,
             "task.min_digits",

@@ -1,7 +1,8 @@
-"""Prompt sources for reasoning RL: the problem record, the exact-match verifier, and a task read from JSONL files.
+"""Prompt sources for reasoning RL: the problem record, the source protocol, and a task read from JSONL files.
 
 A reasoning run does not step a simulator: each step it asks a `PromptSource` for a batch of problems, the rollout
-group writes a response per prompt, and `verify` turns each response into a 0/1 reward. Batches are a pure function
+group writes a response per prompt, and the source's `score` (its `task.reward`) turns each response into a reward.
+Batches are a pure function
 of (seed, step), drawn from a stream seeded through SHA-256 rather than Python's per-process salted `hash()`, so any
 worker on any node that asks for step `s` gets the same problems, and a resumed run continues where it stopped
 without replaying the calls before it.
@@ -17,10 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rlplace.core.errors import ConfigError, check
-
-ANSWER_END = "\n"
-"""A response's answer ends at its first newline. The model's EOS token is dropped when the response is decoded
-without special tokens; anything the model writes after its answer on the same line makes the answer wrong."""
+from rlplace.reasoning.rewards import ANSWER_END, Reward, exact_match
 
 
 @dataclass(frozen=True)
@@ -29,15 +27,6 @@ class Problem:
 
     prompt: str
     answer: str
-
-
-def verify(response: str, answer: str) -> float:
-    """Exact-match reward: 1.0 if the response's answer equals `answer`, else 0.0.
-
-    The response is cut at its first newline (`ANSWER_END`) and stripped of surrounding whitespace; nothing else is
-    normalised, so "082" or "82.0" do not match "82". The caller passes text decoded without special tokens.
-    """
-    return 1.0 if response.split(ANSWER_END, 1)[0].strip() == answer else 0.0
 
 
 @runtime_checkable
@@ -52,6 +41,20 @@ class PromptSource(Protocol):
     def eval_set(self) -> list[Problem]:
         """The held-out problems, the same on every call."""
         ...
+
+    def score(self, response: str, answer: str) -> float:
+        """The reward of `response` (decoded without special tokens) to a problem whose answer is `answer`."""
+        ...
+
+
+class Scored:
+    """A prompt source's `score`: the reward function its `task.reward` names (`rlplace.reasoning.rewards`)."""
+
+    def __init__(self, reward: Reward = exact_match) -> None:
+        self.reward = reward
+
+    def score(self, response: str, answer: str) -> float:
+        return self.reward(response, answer)
 
 
 def seeded_rng(*key: int | str) -> random.Random:
@@ -68,11 +71,11 @@ def check_batch_request(step: int, num_prompts: int) -> None:
         raise ValueError(f"num_prompts = {num_prompts!r} is invalid: at least 0")
 
 
-class JsonlTask:
+class JsonlTask(Scored):
     """Problems read from JSON Lines files, one `{"prompt": ..., "answer": ...}` object per line.
 
     A numeric answer is converted with `str()` (`82` -> "82", `2.5` -> "2.5"; note `3.0` -> "3.0", write "3" for an
-    integer answer). String answers are stripped; an answer must be non-empty and fit on one line, since `verify`
+    integer answer). String answers are stripped; an answer must be non-empty and fit on one line, since `exact_match`
     stops reading a response at its first newline. Blank lines are skipped.
 
     Held-out split: with `eval_path`, the whole eval file is the eval set (`eval_size` is then unused). Without it,
@@ -86,7 +89,10 @@ class JsonlTask:
     `num_prompts` fixed over a run (a changed size re-slices the sequence, still deterministically).
     """
 
-    def __init__(self, train_path: str, eval_path: str | None, seed: int, eval_size: int = 200) -> None:
+    def __init__(
+        self, train_path: str, eval_path: str | None, seed: int, eval_size: int = 200, reward: Reward = exact_match
+    ) -> None:
+        super().__init__(reward)
         self.seed = seed
         problems = read_problems(train_path, "task.train_path")
         if eval_path is None:

@@ -16,11 +16,11 @@ import torch
 from rlplace.core.weights import StaleWeightsError, receive_state
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
-from rlplace.reasoning.generation import make_engine
+from rlplace.reasoning.generation.engine import EngineOptions, make_engine
 from rlplace.reasoning.models.tiny_lm import load_tokenizer
 from rlplace.reasoning.streams import consumer_key, micro_batches_of
 from rlplace.reasoning.tasks import make_prompt_source
-from rlplace.reasoning.tasks.prompts import Problem, verify
+from rlplace.reasoning.tasks.prompts import Problem
 from rlplace.scheduler import Channel, Worker, timer
 
 
@@ -29,14 +29,12 @@ class LLMRolloutWorker(Worker):
         self.cfg = cfg
         self.reward_world_size = reward_world_size
         self.tokenizer = load_tokenizer(model_path)
-        self.engine = make_engine(
-            cfg.rollout.backend,
-            model_path,
-            self.device,
+        options = EngineOptions(
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             cuda_graphs=cfg.rollout.cuda_graphs,
             compile_step=cfg.rollout.compile_step,
         )
+        self.engine = make_engine(cfg.rollout.backend, model_path, self.device, options=options)
         self.source = make_prompt_source(cfg.task)
         self.version = 0
         """The initial weights are the model folder's, as the actor's are: version 0."""
@@ -97,7 +95,7 @@ class LLMRolloutWorker(Worker):
             chunk = problems[start : start + 256]
             batch = self._generate(0, chunk, list(range(len(chunk))), temperature=0.0)
             texts = self.tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
-            rewards.extend(verify(text, p.answer) for text, p in zip(texts, chunk, strict=True))
+            rewards.extend(self.source.score(text, p.answer) for text, p in zip(texts, chunk, strict=True))
         return rewards
 
     @timer("offload")

@@ -1,0 +1,57 @@
+"""Extension by registration: one `Registry` per kind of extension point (tasks, rewards, rollout backends, ...).
+
+A new task, reward or backend is one module plus one `register` line; the config's valid names and its error
+messages are read from the registry, never listed again. Pure Python: configs are checked with registries before
+Ray or torch load, so an entry that needs heavy modules imports them in its factory, not at registration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar, overload
+
+from rlplace.core.errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Names -> entries of one kind; `key` is the config key that names an entry (e.g. `rollout.backend`)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self._entries: dict[str, T] = {}
+
+    @overload
+    def register(self, name: str) -> Callable[[T], T]: ...
+    @overload
+    def register(self, name: str, entry: T) -> T: ...
+    def register(self, name: str, entry: T | None = None) -> T | Callable[[T], T]:
+        """Add `entry` under `name` (also as a decorator: `@REGISTRY.register("name")`); a name is taken once."""
+
+        def add(found: T) -> T:
+            if name in self._entries and self._entries[name] is not found:
+                raise ValueError(f"{self.key}: {name!r} is registered already")
+            self._entries[name] = found
+            return found
+
+        return add if entry is None else add(entry)
+
+    def __getitem__(self, name: str) -> T:
+        """The entry of `name`; ConfigError in one line naming the key, the value and the valid names."""
+        if name not in self._entries:
+            raise ConfigError(f"{self.key} = {name!r} is invalid: valid: {', '.join(self.names())}")
+        return self._entries[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def check(self, name: str) -> None:
+        """Refuse a name that is not registered (ConfigError, as `__getitem__`)."""
+        self[name]

@@ -1,0 +1,110 @@
+"""Adding to rlplace as a user would, without touching its code: a gymnasium task is one option file; a reasoning task
+with a reward of its own is one option file naming a function by import path. Each trains for 2 steps on an embedded
+Ray shared by the module's runs (docs/extending.md shows the same files)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+
+from rlplace.cli import compose_run
+from rlplace.core.config import ClusterConfig
+from rlplace.core.errors import ConfigError
+from rlplace.families import resolve
+from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm
+from rlplace.reasoning.tasks import make_prompt_source
+from rlplace.scheduler import Cluster
+from rlplace.train import train
+from tests.reasoning.runs import TINY
+
+ACROBOT = """\
+defaults:
+  - /schema/task/embodied@_here_
+  - _self_
+
+name: acrobot
+env_id: Acrobot-v1
+total_num_envs: 8
+"""
+"""A gymnasium task: gymnasium's registry knows Acrobot-v1, so this file is all it takes."""
+
+SUMS_ANY_FORM = """\
+defaults:
+  - /schema/task/reasoning@_here_
+  - _self_
+
+name: arithmetic
+reward: tests.custom_reward:last_integer
+operations: "+"
+"""
+"""Sums scored by the user's own reward: the last integer of the response must be the answer."""
+
+
+@pytest.fixture(scope="module")
+def conf(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A config folder of the user's own, added to Hydra's search path: its options join rlplace's groups."""
+    folder = tmp_path_factory.mktemp("conf")
+    (folder / "task").mkdir()
+    (folder / "task" / "acrobot.yaml").write_text(ACROBOT)
+    (folder / "task" / "sums_any_form.yaml").write_text(SUMS_ANY_FORM)
+    return f"hydra.searchpath=[file://{folder}]"
+
+
+@pytest.fixture(scope="module")
+def shared_ray() -> Iterator[None]:
+    if ray.is_initialized():
+        yield
+        return
+    with Cluster(ClusterConfig()):
+        yield
+
+
+def rows(run_dir: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_gymnasium_task_is_one_option_file(conf: str, shared_ray: None, tmp_path: Path) -> None:
+    plan = resolve(compose_run([conf, "task=acrobot", "rollout.num_steps=16", "runner.max_steps=2", "logger=jsonl"]))
+    assert (plan.cfg.task.name, plan.cfg.task.env_id) == ("acrobot", "Acrobot-v1")
+    train(plan, tmp_path, resolved_config={})
+    history = rows(tmp_path)
+    assert [row["step"] for row in history] == [0, 1]
+    assert history[-1]["env/total_steps"] == 2 * 8 * 16
+    assert math.isfinite(history[-1]["train/policy_loss"])
+
+
+@pytest.mark.slow
+def test_a_reasoning_task_with_its_own_reward_is_one_option_file(
+    conf: str, shared_ray: None, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    model = build_tiny_lm(tmp_path_factory.mktemp("tiny_lm"), TinyLMShape(num_layers=1, hidden_size=64))
+    overrides = [conf, "experiment=arithmetic_grpo", "task=sums_any_form", *TINY, "model=hf", f"model.path={model}"]
+    plan = resolve(compose_run(overrides))
+    task = make_prompt_source(plan.cfg.task)
+    assert task.score("1+2 makes 3", "3") == 1.0 and task.score("3 or 4", "3") == 0.0  # the user's reward
+    run_dir = tmp_path_factory.mktemp("run")
+    train(plan, run_dir, resolved_config={})  # its workers import the reward by the same path
+    history = rows(run_dir)
+    assert [row["step"] for row in history] == [0, 1]
+    assert all(0.0 <= row["rollout/reward"] <= 1.0 and 0.0 <= row["eval/accuracy"] <= 1.0 for row in history)
+
+
+@pytest.mark.parametrize(
+    ("reward", "message"),
+    [
+        ("exact", "task.reward = 'exact' is invalid: valid: exact_match"),
+        ("tests.custom_reward:nothing_here", "task.reward = 'tests.custom_reward:nothing_here' cannot be imported"),
+        ("no_such_module:f", "task.reward = 'no_such_module:f' cannot be imported"),
+        ("tests.custom_reward:re", "task.reward = 'tests.custom_reward:re' is not callable"),
+    ],
+)
+def test_a_reward_that_cannot_be_used_is_refused_in_one_line(reward: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as refused:
+        resolve(compose_run(["experiment=arithmetic_grpo", f"task.reward={reward}"]))
+    assert "\n" not in str(refused.value)
