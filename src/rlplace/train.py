@@ -99,7 +99,7 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
 
 def _import_launcher(plan: Plan) -> Future[Launcher]:
     """The family's launcher module (`Plan.launcher`), imported on a thread of its own: torch and the worker classes
-    (1-2.5 s here) load while Ray's processes start. An import error is raised where the launcher is asked for."""
+    load while Ray's processes start. An import error is raised where the launcher is asked for."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlplace-import-launcher")
     imported = pool.submit(lambda: plan.launcher)
     pool.shutdown(wait=False)  # the thread ends once the import is done

@@ -60,7 +60,7 @@ class ClusterConfig:
     max_oversubscription: float = 4.0
     """Most worker processes per CPU core a cpu cluster may be asked to run; more is refused before launch."""
     component_placement: dict[str, Any] = field(default_factory=dict)
-    """Component (or `a,b` for several) -> devices; the grammar is in DESIGN.md and rlplace.placement."""
+    """Component (or `a,b` for several) -> devices; the grammar is in docs/placement.md and rlplace.placement."""
 
     def __post_init__(self) -> None:
         check(self.num_nodes >= 1, "cluster.num_nodes", self.num_nodes, "at least 1")

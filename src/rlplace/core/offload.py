@@ -51,10 +51,10 @@ def _tensors(
 class HostCopies:
     """The pinned host tensors one component offloads into, kept for the whole run.
 
-    Pinning host memory costs far more than copying into it (on an H100, the first offload of 7.9 GB ran at 0.8-3.6
-    GB/s against 51-55 GB/s for the copy), so each offload after the first copies into the memory the last one
-    pinned. Left to torch's host allocator instead, an hf rollout engine pinned fresh memory at every sleep and never
-    got the old blocks back (+292 allocations, +1.86 GB pinned per sleep, measured with `torch.cuda.host_memory_stats`).
+    Pinning host memory costs far more than copying into it (benchmarks/gpu_suite.py, offload section), so each
+    offload after the first copies into the memory the last one pinned. Left to torch's host allocator instead, an hf
+    rollout engine pinned fresh memory at every sleep and never got the old blocks back
+    (`torch.cuda.host_memory_stats` shows it).
     """
 
     def __init__(self) -> None:
@@ -76,9 +76,8 @@ def move(
     device: torch.device,
     host: HostCopies,
 ) -> TransferRecord:
-    """Move a module and its optimizer state to `device`, into `host`'s pinned tensors when the target is the CPU.
-    The GPU suite measured offloads at 78-85% of the pinned copy rate on an H100
-    (the rest is freeing device memory, about 20 ms for 7.9 GB) and onloads at 91-98%."""
+    """Move a module and its optimizer state to `device`, into `host`'s pinned tensors when the target is the CPU
+    (benchmarks/gpu_suite.py compares its rate with the pinned copy rate)."""
     start = time.perf_counter()
     moved = 0
     for owner, name, tensor in _tensors(module, optimizer):

@@ -40,8 +40,8 @@ from rlplace.planner import Profile, Resources, Work, busiest, load_profile
 from rlplace.scheduler.limits import SMALL_BYTES
 
 DEFAULT_AVERAGE_S = 0.25e-3
-"""Gradient averaging per minibatch per extra rank when the profile had one actor rank (mailbox averaging of a
-small MLP measured 0.23 ms for 2 ranks, benchmarks/actor_update.py)."""
+"""Seconds of gradient averaging per minibatch per extra rank when the profile had one actor rank: the order of
+the mailbox averaging of a small MLP (benchmarks/actor_update.py measures it)."""
 FORWARD_SHARE = 1 / 6
 """The proximal log-probs' share of one minibatch update, per minibatch of samples: a forward pass of the actor
 alone, half of the forward pass of actor and critic, which is about a third of an update (the backward pass costs

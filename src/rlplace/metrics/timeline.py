@@ -229,8 +229,8 @@ class Timeline:
         viewer, `tail`) sees the previous trace or the new one, never half of one, and a failed write leaves no temp
         file; mode 0644 like the run's other files (a bare `mkstemp` makes 0600). Not fsynced: a trace is a
         diagnostic rewritten next step, not worth a disk flush per step. Cheap: no JSON encoding happens here (see
-        `chrome_trace_json`): on a 2-core machine about 2 ms per MB of trace (~7,000 spans), 30x less than encoding
-        the whole trace on every write; `add` pays ~4 us per span for it, once.
+        `chrome_trace_json`): each span is encoded once, when `add` takes it, instead of the whole trace on every
+        write.
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

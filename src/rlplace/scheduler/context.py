@@ -16,8 +16,8 @@ from rlplace.placement.placement import Placement
 
 PINNED_REGISTER = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
 """torch's host allocator setting that pins memory by registering a plain allocation from 8 threads instead of one
-cudaHostAlloc: the first offload of a 0.5B model with AdamW (7.9 GB) took 2.2 s with it against 8.3 s without, timed
-on an H100 (README, GPU); later offloads copy into the memory the first one pinned (`core.offload.HostCopies`)."""
+cudaHostAlloc, several times faster for a model's first offload (benchmarks/gpu_suite.py, offload section); later
+offloads copy into the memory the first one pinned (`core.offload.HostCopies`)."""
 
 CONTEXT_ENV_VAR = "RLPLACE_WORKER_CONTEXT"
 """Holds the JSON `WorkerContext`; only processes started by `WorkerGroupSpec.launch` have it."""

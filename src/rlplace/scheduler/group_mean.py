@@ -1,11 +1,11 @@
 """Averaging a tensor over the ranks of one worker group: the data-parallel update's gradients, once per minibatch.
 
-gloo's all-reduce costs over a millisecond per call between two processes on a small machine (1.2-1.4 ms for 18 KB
-on 2 cores, see README), more than a small model's whole backward pass, and a PPO update calls it once per
-minibatch. So a small CPU tensor goes through the mailboxes instead: each rank sends it to every other rank (one
-socket hop, tens of microseconds) and adds all of them up in rank order, which gives every rank the same bits.
-That moves (ranks - 1) copies per rank where a ring all-reduce moves about two, so a tensor above `SMALL_BYTES`, or
-on a GPU, takes the group's torch.distributed all-reduce (gloo or NCCL) instead.
+gloo's all-reduce costs more per call between two processes on a small machine than a small model's whole backward pass
+(benchmarks/actor_update.py), and a PPO update calls it once per minibatch. So a small CPU tensor goes through the
+mailboxes instead: each rank sends it to every other rank (one socket hop, tens of microseconds) and adds all of them up
+in rank order, which gives every rank the same bits. That moves (ranks - 1) copies per rank where a ring all-reduce
+moves about two, so a tensor above `SMALL_BYTES`, or on a GPU, takes the group's torch.distributed all-reduce (gloo or
+NCCL) instead.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ back to ride with the reader's next frame saves a frame per item, but a reader w
 
 A frame is an 8-byte length, an envelope (what the frame is, for which queue) and a payload: an item, pickled
 (protocol 5) with CPU tensors as numpy arrays and small arrays as their raw bytes (torch's own pickling of a tensor
-costs about 20 times as much, 130 us against 7 us for 18 KB, and a view sends only its own elements). The reader
+costs many times as much, and a view sends only its own elements). The reader
 unpickles an item only when a `get` takes it. The first frame on a connection is the connecting peer's `hello`: the
 listener's token, which only the registry hands out, and the peer's address.
 
@@ -25,7 +25,7 @@ above `LARGE_BYTES` that the socket has no room for, because the item is large o
 training while the rollout hands over a step's trajectories), goes into an anonymous memory file (`memfd_create`)
 instead, and the socket carries only a small `fd` frame with the file's descriptor attached (SCM_RIGHTS). The file
 has no name: it is freed once the reader has read it, or with the connection if the reader dies, and leaves nothing
-behind. It costs page faults a socket's recycled buffers do not (about 0.5 ms per MB here), hence sockets first.
+behind. It costs page faults a socket's recycled buffers do not, hence sockets first (benchmarks/handoff.py).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ _SMALL_ARRAY_BYTES = 64 << 10
 """Arrays up to this size travel as raw bytes with dtype and shape (`_array`)."""
 _POLL_ALONE_S = 0.0003
 """A polling `get` (`spin_s`) yields the core between polls once it has waited this long: about the longest unit of
-work a lockstep peer does between hand-offs here (a CartPole step of 32 envs, 0.2 ms), so the common wait polls
+work a lockstep peer does between hand-offs (a CartPole step of 32 envs), so the common wait polls
 alone and a longer one (a peer that waits for its own core, another run's process on this one) lets others run."""
 _WAIT_AVERAGING = 0.25
 """Weight of the latest wait in `_Inbox.typical_wait_s`: a few slow waits in a row stop the polling, a few fast ones
@@ -147,10 +147,9 @@ class _Inbox:
 
 class _Pickler(pickle.Pickler):
     """pickle, with CPU tensors that numpy can hold pickled as numpy arrays, and numpy arrays of plain dtypes as
-    their raw bytes, dtype and shape (`_array`): half the cost of numpy's own pickling each way for the small arrays
-    of a hand-off (4.4 against 8.5 us to pickle an observation message of three, 2.7 against 4.0 us to unpickle it,
-    best of 7 runs). A larger array goes as numpy pickles it, written straight into the frame: a copy of it first
-    would cost more than the calls saved."""
+    their raw bytes, dtype and shape (`_array`): cheaper than numpy's own pickling each way for the small arrays of a
+    hand-off (benchmarks/handoff.py). A larger array goes as numpy pickles it, written straight into the frame: a copy
+    of it first would cost more than the calls saved."""
 
     def reducer_override(self, obj: Any) -> Any:
         numpy = sys.modules.get("numpy")  # a process without numpy holds no arrays
@@ -538,7 +537,7 @@ def mailbox() -> Mailbox:
     """This process's mailbox, opened on first use (in a process connected to Ray).
 
     A driver may leave one Ray cluster and join another, so its mailbox is checked against the node each time; an
-    actor's process lives and dies in one cluster, and skips the check (1.4 us of a 10 us `put`)."""
+    actor's process lives and dies in one cluster, and skips the check (a noticeable share of a `put`)."""
     global _MAILBOX
     box = _MAILBOX
     if box is not None and box.in_actor:

@@ -1,12 +1,11 @@
 """Served groups: a group's method calls through the mailboxes instead of Ray, for loops that call every few ms.
 
-A Ray actor call costs the caller about a millisecond each way on a small machine: in `make run`, generation's Ray
-calls started the rollout's work 1.2 ms after the driver asked and returned 2.2 ms after the work ended, an eighth
-of the phase. While a group is served (`with serve(env, rollout, actor): ...`), each rank runs one long Ray call,
-`Worker._serve`, that takes the rank's calls from a channel key of its own and answers on its group's key of the
-same channel (one channel, so one registry actor), in the order they were sent, as Ray would have run them. Group
-calls look the same to the caller: they return a `GroupFuture`, `wait` and `wait_all` work on it (mixed with
-Ray-backed futures), and a failure names group, rank and method. The Ray call stays the watchdog of the process: a
+A Ray actor call costs the caller about a millisecond each way on a small machine, a large share of a generation phase
+of a few milliseconds (benchmarks/handoff.py). While a group is served (`with serve(env, rollout, actor): ...`), each
+rank runs one long Ray call, `Worker._serve`, that takes the rank's calls from a channel key of its own and answers on
+its group's key of the same channel (one channel, so one registry actor), in the order they were sent, as Ray would have
+run them. Group calls look the same to the caller: they return a `GroupFuture`, `wait` and `wait_all` work on it (mixed
+with Ray-backed futures), and a failure names group, rank and method. The Ray call stays the watchdog of the process: a
 rank that dies closes its connection to the driver, which `wait` reports at once as the worker's death; a rank that
 hangs misses the call's deadline.
 """

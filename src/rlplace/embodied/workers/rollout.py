@@ -42,8 +42,8 @@ class RolloutWorker(Worker):
             Trajectory.allocate(cfg.rollout.num_steps, torch.arange(s.start, s.end), spec.obs_dim, self.action_shape, 0)
             for s in self.streams
         ]
-        """One trajectory per stream, refilled every step (each is sent as a copy): allocating them took 90 us, a
-        third of the time from the driver's call to the first inference."""
+        """One trajectory per stream, refilled every step (each is sent as a copy): allocating them anew was a large
+        share of the time from the driver's call to the first inference (benchmarks/handoff.py)."""
 
     @timer("sync_weights")
     def sync_weights(self) -> int:

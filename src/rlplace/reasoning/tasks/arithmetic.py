@@ -37,8 +37,8 @@ class ArithmeticTask(Scored):
     eval_size distinct problems may not exist, and taking most of the space would leave training little besides
     rejections; so eval_size is refused (ValueError naming `task.eval_size`) above half of the distinct problems,
     and the eval set always holds exactly eval_size problems. Being drawn from the same distribution, the eval set
-    holds the likeliest problems, so redraws cost more than its share of the space suggests: about 7% of draws at
-    the defaults (1-2 digits, "+-", 200 of 20000 problems), but 84% for 1-2 digit "+" with eval_size=5000 (the cap).
+    holds the likeliest problems, so redraws cost more than its share of the space suggests, most of all near the
+    cap.
     """
 
     def __init__(
