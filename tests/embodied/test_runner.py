@@ -387,7 +387,7 @@ def test_cli_refuses_bad_input_with_exit_2_and_one_line(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr.startswith("rlplace: error: task.env_id = 'Pong-v9': unknown task 'Pong-v9'")
+    assert result.stderr.startswith("rlplace: error: task.env_id = 'Pong-v9': 'Pong-v9' is not a registered gymnasium")
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Worker" not in result.stdout + result.stderr
     assert not (tmp_path / RUN_INFO).exists()  # refused before the run started
