@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from results import write_section
 
 from rlplace.core.config import ClusterConfig
 from rlplace.core.gradients import average_grads
@@ -102,11 +103,15 @@ def main() -> None:
             rows.append((f"2 ranks, {label}", max(r[0] for r in per_rank), max(r[1] for r in per_rank)))
         two.terminate()
     steps = ALGORITHM.update_epochs * ALGORITHM.num_minibatches
-    print(f"One PPO update: {BATCH} samples, {steps} minibatch steps, 64x64 MLP (median of {REPEAT})\n")
-    print("| actor | update (ms) | averaging (ms) | per minibatch step (ms) |")
-    print("|---|---:|---:|---:|")
+    lines = [
+        f"One PPO update: {BATCH} samples, {steps} minibatch steps, 64x64 MLP (median of {REPEAT})\n",
+        "| actor | update (ms) | averaging (ms) | per minibatch step (ms) |",
+        "|---|---:|---:|---:|",
+    ]
     for label, total, averaging in rows:
-        print(f"| {label} | {total * 1e3:,.0f} | {averaging * 1e3:,.0f} | {total / steps * 1e3:.2f} |")
+        lines.append(f"| {label} | {total * 1e3:,.0f} | {averaging * 1e3:,.0f} | {total / steps * 1e3:.2f} |")
+    print("\n".join(lines))
+    write_section("actor_update.py", "\n".join(lines))
 
 
 if __name__ == "__main__":

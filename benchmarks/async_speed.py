@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from results import write_section
+
 REPO = Path(__file__).resolve().parent.parent
 COMMON = ["cluster=local", "cluster.component_placement.actor=1", "logger=none", "runner.save_interval=0"]
 TASKS = {
@@ -71,19 +73,23 @@ def main() -> None:
     for _ in range(args.rounds):
         for staleness in (0, 1):
             results[staleness].append(run(args.task, staleness, args.steps))
-    print(f"{TASKS[args.task][0]} ({args.rounds} runs each)\n")
-    print("| K | step (s) | generation (s) | training (s) | step / max(gen, train) | overlap (s) |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    lines = [
+        f"{TASKS[args.task][0]} ({args.rounds} runs each)\n",
+        "| K | step (s) | generation (s) | training (s) | step / max(gen, train) | overlap (s) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for staleness, runs in results.items():
         for r in runs:
             bound = r["time/step"] / max(r["time/generate_rollouts"], r["time/training"])
-            print(
+            lines.append(
                 f"| {staleness} | {r['time/step']:.3f} | {r['time/generate_rollouts']:.3f} | {r['time/training']:.3f}"
                 f" | {bound:.2f} | {r['time/overlap']:.3f} |"
             )
     sync = statistics.median(r["time/step"] for r in results[0])
     one_off = statistics.median(r["time/step"] for r in results[1])
-    print(f"\nspeedup of K = 1 over K = 0 (median step): {sync / one_off:.2f}x")
+    lines.append(f"\nspeedup of K = 1 over K = 0 (median step): {sync / one_off:.2f}x")
+    print("\n".join(lines))
+    write_section(f"async_speed.py --task {args.task}", "\n".join(lines))
 
 
 if __name__ == "__main__":

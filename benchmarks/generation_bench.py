@@ -17,6 +17,7 @@ import tempfile
 import time
 
 import torch
+from results import write_section
 
 from rlplace.reasoning.generation.engine import make_engine
 from rlplace.reasoning.models.tiny_lm import build_tiny_lm, load_tokenizer
@@ -81,15 +82,16 @@ def main() -> None:
             rows.append((backend, started, rates))
             del engine
 
-    print(
+    lines = [
         f"\ngeneration tokens/s, {args.max_new_tokens} new tokens per response, device {args.device}, "
-        f"torch threads {torch.get_num_threads()}, median of {args.repeats}"
-    )
-    header = "| backend | engine start (s) | " + " | ".join(f"batch {b}" for b in args.batches) + " |"
-    print(header)
-    print("|" + "---|" * (2 + len(args.batches)))
+        f"torch threads {torch.get_num_threads()}, median of {args.repeats}",
+        "| backend | engine start (s) | " + " | ".join(f"batch {b}" for b in args.batches) + " |",
+        "|" + "---|" * (2 + len(args.batches)),
+    ]
     for backend, started, rates in rows:
-        print(f"| {backend} | {started:.2f} | " + " | ".join(f"{r:,.0f}" for r in rates) + " |")
+        lines.append(f"| {backend} | {started:.2f} | " + " | ".join(f"{r:,.0f}" for r in rates) + " |")
+    print("\n".join(lines))
+    write_section("generation_bench.py", "\n".join([lines[0], "", *lines[1:]]))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from results import write_section
+
 from rlplace.scheduler.context import cuda_alloc_conf
 
 # Before torch starts CUDA: the driver's offloads pin host memory as rlplace's GPU workers do.
@@ -439,11 +441,14 @@ def section_reasoning(s: Settings) -> list[Row]:
 SECTIONS = ("tests", "copy", "offload", "weight_sync", "generation", "halfcheetah", "reasoning")
 
 
-def print_table(rows: list[Row]) -> None:
+def print_table(rows: list[Row]) -> str:
     width = max(len(r.name) for r in rows)
+    lines = []
     for row in rows:
         value = f"{row.value:,.2f}" if isinstance(row.value, float) else str(row.value)
-        print(f"{row.section:<12} {row.name:<{width}}  {value:>12} {row.unit:<12} {row.note}")
+        lines.append(f"{row.section:<12} {row.name:<{width}}  {value:>12} {row.unit:<12} {row.note}")
+    print("\n".join(lines))
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -485,7 +490,10 @@ def main() -> None:
             print(f"[{name}: {time.perf_counter() - start:.0f} s]", flush=True)
             print_table(found)
         print()
-        print_table(rows)
+        table = print_table(rows)
+        if not args.smoke:
+            some = [] if args.sections == list(SECTIONS) else ["--sections", *args.sections]
+            write_section(" ".join(["gpu_suite.py", *some]), f"```text\n{table}\n```")
         if args.out:
             args.out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
 

@@ -35,6 +35,7 @@ import numpy as np
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 from ray.util.queue import Queue
+from results import write_section
 
 from rlplace.scheduler import Channel
 from rlplace.scheduler.cluster import remove_session
@@ -236,17 +237,21 @@ def main() -> None:
         ray.shutdown()
         nodes.shutdown()
         remove_session(session)
-    print(f"Round trip of one item between two processes ({args.count} round trips per 4 KB row)\n")
-    print("| path | item | median (us) | p99 (us) |")
-    print("|---|---|---:|---:|")
-    for path, size_name, (median, p99) in rows:
-        print(f"| {path} | {size_name} | {median:,.0f} | {p99:,.0f} |")
-    print(f"\nLockstep exchange, {args.work_us:.0f} us of work per side between hand-offs, cores 0 and 1: cost per")
-    print("hand-off beyond the work\n")
-    print("| path | median (us) | p99 (us) |")
-    print("|---|---:|---:|")
-    for path, (median, p99) in lockstep:
-        print(f"| {path} | {median:,.0f} | {p99:,.0f} |")
+    lines = [
+        f"Round trip of one item between two processes ({args.count} round trips per 4 KB row)\n",
+        "| path | item | median (us) | p99 (us) |",
+        "|---|---|---:|---:|",
+    ]
+    lines += [f"| {path} | {size_name} | {median:,.0f} | {p99:,.0f} |" for path, size_name, (median, p99) in rows]
+    lines += [
+        f"\nLockstep exchange, {args.work_us:.0f} us of work per side between hand-offs, cores 0 and 1: cost per",
+        "hand-off beyond the work\n",
+        "| path | median (us) | p99 (us) |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {path} | {median:,.0f} | {p99:,.0f} |" for path, (median, p99) in lockstep]
+    print("\n".join(lines))
+    write_section("handoff.py", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from results import write_section
+
 from rlplace.cli import compose_run
 from rlplace.embodied import planning
 from rlplace.families import resolve
@@ -84,16 +86,25 @@ def main() -> None:
                     flush=True,
                 )
     errors = [r["error"] for r in rows]
-    print(f"\nerror over {len(rows)} jobs: median {statistics.median(errors):.1%}, max {max(errors):.1%}")
+    summary = [f"error over {len(rows)} jobs: median {statistics.median(errors):.1%}, max {max(errors):.1%}"]
+    print(f"\n{summary[0]}")
     for task in args.tasks:
         jobs = [r for r in rows if r["task"] == task]
         chosen = min(jobs, key=lambda r: r["predicted_s"])
         best = min(jobs, key=lambda r: r["measured_s"])
-        print(
+        summary.append(
             f"{task}: planner's choice {chosen['placement']} {chosen['stages']} stage(s) K={chosen['staleness']} "
             f"measured {chosen['measured_s']:.3f} s; measured best {best['placement']} {best['stages']} "
             f"K={best['staleness']} {best['measured_s']:.3f} s ({chosen['measured_s'] / best['measured_s'] - 1:+.1%})"
         )
+        print(summary[-1])
+    table = ["| task | placement | stages | K | predicted s | measured s | error |", "|---|---|---|---|---|---|---|"]
+    table += [
+        f"| {r['task']} | {r['placement']} | {r['stages']} | {r['staleness']} | {r['predicted_s']:.3f} "
+        f"| {r['measured_s']:.3f} | {r['error']:.1%} |"
+        for r in rows
+    ]
+    write_section("planner_accuracy.py", "\n".join([*table, "", *(f"- {line}" for line in summary)]))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 

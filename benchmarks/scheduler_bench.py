@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from results import write_section
 
 from rlplace.core.config import ClusterConfig
 from rlplace.placement.placement import Placement
@@ -96,11 +97,13 @@ def gbps(nbytes: int, seconds: float) -> str:
     return f"{nbytes / seconds / 1e9:.2f} GB/s" if nbytes else ""
 
 
-def print_table(rows: list[Row]) -> None:
+def print_table(rows: list[Row]) -> str:
     header = ("case", "payload", "rate", "throughput", "baseline", "baseline throughput")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, tuple("-" * w for w in widths), *rows]:
-        print(" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]]
+    lines.insert(1, " | ".join("-" * w for w in widths))
+    print("\n".join(lines))
+    return "\n".join(f"| {line.rstrip()} |" for line in lines)
 
 
 def main() -> None:
@@ -120,9 +123,10 @@ def main() -> None:
                 notes.append("NCCL row skipped: needs two GPUs")
     else:
         notes.append("CUDA IPC and NCCL rows skipped: no GPU on this machine")
-    print_table(rows)
+    table = print_table(rows)
     for note in notes:
         print(f"note: {note}")
+    write_section("scheduler_bench.py", "\n\n".join([table, *(f"note: {note}" for note in notes)]))
     print(f"({time.perf_counter() - start:.0f} s, {torch.get_num_threads()} torch threads in the driver)")
 
 

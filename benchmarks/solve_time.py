@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from results import write_section
+
 REPO = Path(__file__).resolve().parent.parent
 BASELINE = REPO / "benchmarks" / "cleanrl_ppo_baseline.py"
 TARGET = 475.0
@@ -254,6 +256,7 @@ def main() -> None:
                 flush=True,
             )
     print(table(results))
+    write_section("solve_time.py", table(results))
     if not all(r.ok for r in results):
         sys.exit(1)
 

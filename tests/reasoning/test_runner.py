@@ -1,6 +1,6 @@
 """The reasoning loop end to end, as users run it: `rlplace-train experiment=arithmetic_grpo...` in a subprocess on
 an embedded local Ray, from a tiny LM folder built here (not pretrained: these tests are about behaviour, not
-accuracy; the accuracy gain is measured by the experiment itself and recorded in docs/reasoning.md).
+accuracy; the accuracy gain is measured by the experiment itself and recorded in benchmarks/RESULTS.md).
 
 Two runs cover the end-to-end tests, started together so that they share the machine's cores (almost all of a run's
 time is its worker processes starting up): the collocated preset on one device with PPO (critic and reference model

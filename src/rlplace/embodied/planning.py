@@ -45,8 +45,7 @@ the mailbox averaging of a small MLP (benchmarks/actor_update.py measures it).""
 FORWARD_SHARE = 1 / 6
 """The proximal log-probs' share of one minibatch update, per minibatch of samples: a forward pass of the actor
 alone, half of the forward pass of actor and critic, which is about a third of an update (the backward pass costs
-about twice the forward); measured 0.18 on the HalfCheetah preset's MLPs (0.11 s over 4,096 samples, against 0.15 s
-per update of 1,024)."""
+about twice the forward); benchmarks/planner_accuracy.py checks the predictions that use it."""
 DEFAULT_SWITCH_S = 2e-3
 """A phase switch (offload or onload calls) when the profiled run had none to measure."""
 

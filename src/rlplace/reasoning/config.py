@@ -159,8 +159,8 @@ class GenerationConfig(ComponentConfig):
     """hf on a GPU: decode with a static KV cache, each step replayed as a CUDA graph (the same tokens as eager
     decoding, without a Python round per layer per token); ignored on CPU and by vllm."""
     compile_step: bool = False
-    """hf with cuda_graphs: `torch.compile` the decode step before capturing it (fused kernels, about 1.6x the
-    uncompiled graphs for a 0.5B model on an H100), at a compile of tens of seconds per batch-size bucket."""
+    """hf with cuda_graphs: `torch.compile` the decode step before capturing it (fewer, fused kernels, faster than the
+    uncompiled graphs), at the cost of a compile per batch-size bucket (benchmarks/gpu_suite.py, generation section)."""
 
     def __post_init__(self) -> None:
         BACKENDS.check(self.backend)

@@ -1,7 +1,7 @@
 """Served groups: a group's method calls through the mailboxes instead of Ray, for loops that call every few ms.
 
-A Ray actor call costs the caller about a millisecond each way on a small machine, a large share of a generation phase
-of a few milliseconds (benchmarks/handoff.py). While a group is served (`with serve(env, rollout, actor): ...`), each
+A Ray actor call costs the caller far more than a hand-off through the mailboxes, a large share of a short generation
+phase (benchmarks/handoff.py measures both). While a group is served (`with serve(env, rollout, actor): ...`), each
 rank runs one long Ray call, `Worker._serve`, that takes the rank's calls from a channel key of its own and answers on
 its group's key of the same channel (one channel, so one registry actor), in the order they were sent, as Ray would have
 run them. Group calls look the same to the caller: they return a `GroupFuture`, `wait` and `wait_all` work on it (mixed

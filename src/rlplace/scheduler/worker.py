@@ -5,9 +5,8 @@ name="actor", placement_strategy=...)`. Its process is set up before the subclas
 placement, sees only its devices, and on a cpu cluster runs on its devices' cores with as many torch threads, so
 that placement has a real cost. Public methods of a subclass become fan-out calls on its `WorkerGroup`.
 
-torch is imported on first use, not with this module: a worker that never touches it (a simulator) imports its
-module in 0.3 s instead of 0.8 s and holds less than half the memory (135 MB for `make run`'s env process against a
-rollout's 309 MB).
+torch is imported on first use, not with this module: a worker that never touches it (a simulator) starts faster and
+holds much less memory (compare `make run`'s env and rollout processes).
 """
 
 from __future__ import annotations
