@@ -38,7 +38,7 @@ from ray.util.queue import Queue
 from results import write_section
 
 from rlplace.scheduler import Channel
-from rlplace.scheduler.cluster import remove_session
+from rlplace.scheduler.session import remove_session
 from rlplace.scheduler.worker import pin_process
 
 SIZES = {"4 KB": 4 << 10, "1 MB": 1 << 20}

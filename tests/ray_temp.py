@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rlplace.scheduler.cluster import remove_session
+from rlplace.scheduler.session import remove_session
 
 RAY_TEMP = Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray")
 

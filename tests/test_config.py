@@ -11,7 +11,7 @@ import re
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from rlplace.core.config import options_of, to_typed
+from rlplace.core.config import to_typed
 from rlplace.core.errors import ConfigError
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.families import FAMILIES, family_of, resolve
@@ -54,7 +54,7 @@ def test_every_group_has_options() -> None:
     assert set(group_options("placement")) == set(MIN_DEVICES)
     assert {f.name for f in FAMILIES} == set(FAMILY_OPTIONS)
     for group in ("task", "model", "algorithm", "rollout"):  # every option belongs to exactly one family
-        by_family = [options_of(group, family) for family in FAMILY_OPTIONS]
+        by_family = [family.options(group) for family in FAMILIES]
         assert sorted(o for options in by_family for o in options) == group_options(group), group
 
 
@@ -95,7 +95,7 @@ REQUIRED_VALUES = {"task=jsonl": ["task.train_path=train.jsonl"], "model=hf": ["
 def test_every_option_composes(compose_cfg, group: str) -> None:
     for option in group_options(group):
         choice = f"{group}={option}"
-        family = next((f for f in FAMILY_OPTIONS if option in options_of(group, f)), "embodied")  # logger: both
+        family = next((f.name for f in FAMILIES if option in f.options(group)), "embodied")  # logger: both
         overrides = family_overrides(family, **{group: option})
         placement = "placement=reasoning_collocated" if family == "reasoning" else "placement=collocated"
         config = typed(compose_cfg(*overrides, placement, *REQUIRED_VALUES.get(choice, [])))

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,14 +38,15 @@ total_num_envs: 8
 
 SUMS_ANY_FORM = """\
 defaults:
-  - /schema/task/reasoning@_here_
+  - /schema/task/arithmetic@_here_
   - _self_
 
 name: arithmetic
 reward: tests.custom_reward:last_integer
 operations: "+"
 """
-"""Sums scored by the user's own reward: the last integer of the response must be the answer."""
+"""Sums scored by the user's own reward: the last integer of the response must be the answer. The file starts from the
+arithmetic task's own schema, so its fields (operations) are typed and another task's keys are refused."""
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +112,36 @@ def test_a_reward_that_cannot_be_used_is_refused_in_one_line(reward: str, messag
     with pytest.raises(ConfigError, match=message) as refused:
         resolve(compose_run(["experiment=arithmetic_grpo", f"task.reward={reward}"]))
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["task=jsonl", "task.train_path=x.jsonl", "+task.min_digits=2"],
+            "task.min_digits = 2: JsonlTaskConfig has no",
+        ),
+        (["+task.no_such_key=1"], "task.no_such_key = 1: ArithmeticTaskConfig has no key 'no_such_key'"),
+        (["task.name=jsonl"], "task.name = 'jsonl' is invalid for a task section typed ArithmeticTaskConfig"),
+        (["task.name=sums"], "task.name = 'sums' is invalid: valid: arithmetic, jsonl"),
+        (["algorithm.name=dpo"], "algorithm.name = 'dpo' is invalid: valid: grpo, ppo, reinforce_pp"),
+    ],
+)
+def test_each_option_has_its_own_schema_and_names_come_from_the_registries(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as refused:
+        resolve(compose_run(["experiment=arithmetic_grpo", *overrides]))
+    assert "\n" not in str(refused.value)
+
+
+def test_the_cli_refuses_a_reward_that_cannot_be_imported_before_ray(tmp_path: Path) -> None:
+    """Exit 2 and one line, from the driver, with nothing started."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rlplace.train", "experiment=arithmetic_grpo", "task.reward=tests.custom_reward:nope"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RLPLACE_OUTPUT_DIR": str(tmp_path)},
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "task.reward" in line]
+    assert len(errors) == 1 and "cannot be imported" in errors[0]

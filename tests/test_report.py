@@ -19,14 +19,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
+from hydra._internal.callbacks import Callbacks
+from omegaconf import OmegaConf
 
 from rlplace.metrics import Timeline
 from rlplace.report import collect, write_report
 from rlplace.report.charts import PHASE_COLOURS, phase_of
+from rlplace.report.cli import main as report_main
 from rlplace.report.collect import BUSIEST_STAGE, HANDOFF_WAIT, read_job
 from rlplace.report.write import recommendation
 from tests.planner.synthetic import profile_data, write_profile
 from tests.ray_temp import remove_sessions
+from tests.wandb_records import final_summary, record_kinds
 
 TINY = [
     "cluster=local",  # 2 devices, not the preset's 4: keeps a skipped job, and 2 runs instead of 3
@@ -236,3 +241,125 @@ def test_ray_launcher_gives_the_basic_launchers_results(
     assert len(on_ray) == len(basic) == 2
     for key in COMPARED:
         assert [row[key] for row in on_ray] == [row[key] for row in basic], key
+
+
+def drop_generation(job_dir: Path, last: int, staleness: int = 1) -> Path:
+    """Make `job_dir` an asynchronous run (runner.max_staleness = K) whose last `last` steps only train."""
+    info = json.loads((job_dir / "run.json").read_text()) | {"staleness": staleness}
+    (job_dir / "run.json").write_text(json.dumps(info))
+    rows = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows[len(rows) - last :]:
+        del row["time/generate_rollouts"]
+    (job_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return job_dir
+
+
+def test_a_job_too_short_to_measure_after_warm_up_is_reported_with_its_n_and_a_note(tmp_path: Path) -> None:
+    """A 3-step run with runner.max_staleness=1: its last step generates nothing, which left no step after warm-up
+    (the report crashed on it). It is measured over the steps that generated, starred, with a note."""
+    fake_job(tmp_path / "0", "collocated", [1.0, 1.0, 950, 1000, 1050])
+    drop_generation(fake_job(tmp_path / "1", "hybrid", [500.0, 700.0, 0.0]), last=1)
+    drop_generation(fake_job(tmp_path / "2", "hybrid", [0.0, 0.0]), last=2)  # nothing generated at all
+    short, empty = read_job(tmp_path / "1"), read_job(tmp_path / "2")
+    assert (short.n, short.warmup, short.median_throughput) == (2, 0, 600)
+    assert "none generating after the 2 warm-up steps" in short.note and "the 2 that generated" in short.note
+    assert (empty.n, empty.note) == (0, "2 steps, none of which generated: nothing to measure")
+    report = write_report(tmp_path).read_text()
+    assert "| 1 | hybrid | 2 | 1 | 4 | 2* | 600 | 500-700 |" in report
+    assert "| 2 | hybrid | 2 | 1 | 4 | 0 | - | - | - | n/a | - | - |" in report
+    assert f"- job 1 (1): {short.note}" in report and f"- job 2 (2): {empty.note}" in report
+    assert "nan" not in report
+    assert "fastest: collocated, 2 stages (1,000 env steps/s)" in report  # the unmeasured job takes no part
+
+
+def test_without_a_collocated_job_vs_collocated_says_n_a(tmp_path: Path) -> None:
+    fake_job(tmp_path / "0", "hybrid", [1.0, 1.0, 1250, 1300, 1350])
+    fake_job(tmp_path / "1", "disaggregated", [1.0, 1.0, 900, 1000, 1100])
+    report = write_report(tmp_path).read_text()
+    assert "| n/a |" in report and "nan" not in report
+
+
+def broken_sweeps(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Folders the report cannot be made from, each with what its one-line refusal must say."""
+    cases: dict[str, tuple[Path, str]] = {}
+    cases["missing"] = (tmp_path / "nowhere", "is not a folder")
+    run = fake_job(tmp_path / "run", "hybrid", [1.0, 2.0])
+    cases["run folder"] = (run, "holds no job folders (0, 1, ...): a run's folder, not a sweep's")
+    (tmp_path / "other").mkdir()
+    cases["not a sweep"] = (tmp_path / "other", "not a sweep's folder")
+    no_info = tmp_path / "no_info"
+    no_info.mkdir()
+    (fake_job(no_info / "0", "hybrid", [1.0, 2.0]) / "run.json").unlink()
+    cases["no run.json"] = (no_info, "job 0: " + str(no_info / "0" / "run.json") + " is missing")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (fake_job(empty / "0", "hybrid", [1.0, 2.0]) / "metrics.jsonl").write_text("")
+    cases["empty metrics"] = (empty, "metrics.jsonl is empty: the job logged no step")
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (fake_job(damaged / "0", "hybrid", [1.0, 2.0]) / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1, "ti')
+    cases["damaged metrics"] = (damaged, "metrics.jsonl line 2 is not JSON")
+    bad_info = tmp_path / "bad_info"
+    bad_info.mkdir()
+    (fake_job(bad_info / "0", "hybrid", [1.0, 2.0]) / "run.json").write_text("[]")
+    cases["bad run.json"] = (bad_info, "run.json is not a run's run.json")
+    return cases
+
+
+CASES = ["missing", "run folder", "not a sweep", "no run.json", "empty metrics", "damaged metrics", "bad run.json"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rlplace_report_refuses_what_is_no_sweep_with_one_line(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder, expected = broken_sweeps(tmp_path)[case]
+    with pytest.raises(SystemExit) as exit_info:
+        report_main([str(folder)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("rlplace: error: ") and expected in err, err
+
+
+def test_a_sweep_whose_report_cannot_be_written_exits_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through Hydra's own callback runner, which turns an exception in a callback into a warning (the multirun
+    then exited 0 without a report)."""
+    folder, _ = broken_sweeps(tmp_path)["empty metrics"]
+    callbacks = {"report": {"_target_": "rlplace.report.callback.ReportCallback"}}
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(folder)}, "callbacks": callbacks}})
+    with pytest.raises(SystemExit) as exit_info:
+        Callbacks(config).on_multirun_end(config=config)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"rlplace: error: the sweep report of {folder} could not be written: job 0: ")
+
+
+def test_the_report_of_a_wandb_sweep_is_logged_to_its_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    sweep_dir = tmp_path / "2030-01-02" / "03-04-05-678901"
+    sweep_dir.mkdir(parents=True)
+    fake_job(sweep_dir / "0", "collocated", [1.0, 1.0, 950, 1000, 1050])
+    fake_job(sweep_dir / "1", "hybrid", [1.0, 1.0, 1250, 1300, 1350])
+    multirun = {
+        "hydra": {"runtime": {"choices": {"sweep": "placement_modes"}}, "sweeper": {"params": {"placement": "a,b"}}},
+        "logger": {"backend": "wandb", "wandb": {"project": "rlplace-test", "mode": "offline", "group": None}},
+    }
+    (sweep_dir / "multirun.yaml").write_text(yaml.safe_dump(multirun))
+    for _ in range(2):  # written again (rlplace-report after the sweep's callback): the same wandb run continues
+        report_main([str(sweep_dir)])
+    assert "rlplace: sweep report on wandb in " in capsys.readouterr().out
+    runs = sorted((sweep_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and len({run.name.rsplit("-", 1)[1] for run in runs}) == 1
+    kinds = record_kinds(runs[-1])
+    assert "artifact" in kinds and "history" in kinds
+    log = next(runs[-1].glob("*.wandb")).read_bytes()
+    group = b"placement_modes-2030-01-02-03-04-05-678901"
+    assert group in log and b"report" in log and b"report.md" in log and b"timeline_1.json" in log
+    assert b"charts/throughput" in log and b"report/table" in log
+    summary = final_summary(runs[-1])
+    assert summary["report/fastest_job"] == "1" and summary["report/recommendation"].startswith("fastest: hybrid")

@@ -1,15 +1,15 @@
 """The task families a run can belong to, and `resolve`: composed config -> typed config -> checked placement.
 
-The family of a run is the one whose task schema the chosen `task` option starts from; its other sections must
-come from the same family. Both CLIs resolve through here, so what `rlplace-plan` prints is what `rlplace-train`
-runs. Only light modules are imported: the family's launcher (`core.launcher.Launcher`: Ray, torch) is imported when a
-run starts.
+The family of a run is the one whose task schema the chosen `task` option starts from (the family's task dataclass or
+an extension of it, such as a reasoning task's own schema); its other sections must come from the same family. Both
+CLIs resolve through here, so what `rlplace-plan` prints is what `rlplace-train` runs. Only light modules are imported:
+the family's launcher (`core.launcher.Launcher`: Ray, torch) is imported when a run starts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_type_hints
 
@@ -19,11 +19,13 @@ from rlplace.core import checkpoint
 from rlplace.core.config import RunConfig, options_of, register_schema, to_typed
 from rlplace.core.config import register as register_core
 from rlplace.core.errors import ConfigError
+from rlplace.core.registry import Registry
 from rlplace.embodied import checks as embodied_checks
 from rlplace.embodied import config as embodied_config
 from rlplace.placement import ComponentPlacement, HybridComponentPlacement
 from rlplace.reasoning import checks as reasoning_checks
 from rlplace.reasoning import config as reasoning_config
+from rlplace.reasoning.tasks import TASKS as REASONING_TASKS
 
 if TYPE_CHECKING:
     from rlplace.core.launcher import Launcher
@@ -44,11 +46,31 @@ class Family:
     launcher: Callable[[], Launcher]
     """Imports and returns the family's launcher (torch and the worker classes load then, not when configs are
     checked)."""
+    option_schemas: Mapping[str, Registry[type]] = field(default_factory=dict)
+    """Sections whose options each start from a schema of their own (schema per option): section -> the registry of
+    those schemas by name, each an extension of the section's dataclass. Options of the other sections start from
+    the section's dataclass itself, `/schema/<section>/<family>`."""
 
     def option_types(self) -> dict[str, type]:
-        """Section -> the dataclass this family's options of that config group start from."""
+        """Section -> the dataclass this family's options of that config group start from or extend."""
         hints = get_type_hints(self.schema)
         return {section: hints[section] for section in OPTION_SECTIONS}
+
+    def schemas(self, section: str) -> dict[str, type]:
+        """The schemas this family's options of config group `section` start from, by their name in Hydra's
+        ConfigStore (`/schema/<section>/<name>`)."""
+        if section in self.option_schemas:
+            return dict(self.option_schemas[section].items())
+        return {self.name: self.option_types()[section]}
+
+    def owns(self, section: str, node_type: type | None) -> bool:
+        """Whether a section typed `node_type` (its option's schema) belongs to this family."""
+        return isinstance(node_type, type) and issubclass(node_type, self.option_types()[section])
+
+    def options(self, section: str) -> list[str]:
+        """The options of config group `section` (rlplace's own files) that belong to this family (none for a group
+        both families share, such as `logger`)."""
+        return options_of(section, self.schemas(section)) if section in OPTION_SECTIONS else []
 
 
 def _embodied_launcher() -> Launcher:
@@ -65,7 +87,13 @@ def _reasoning_launcher() -> Launcher:
 
 FAMILIES = (
     Family("embodied", embodied_config.EmbodiedConfig, embodied_checks.check_embodied, _embodied_launcher),
-    Family("reasoning", reasoning_config.ReasoningConfig, reasoning_checks.check_reasoning, _reasoning_launcher),
+    Family(
+        "reasoning",
+        reasoning_config.ReasoningConfig,
+        reasoning_checks.check_reasoning,
+        _reasoning_launcher,
+        option_schemas={"task": REASONING_TASKS},
+    ),
 )
 
 
@@ -84,30 +112,35 @@ class Plan:
 
 def register() -> None:
     """Register the primary schema and every family's option schemas with Hydra (idempotent): option files of group
-    `task` start from `/schema/task/<family>`, and so on."""
+    `model` start from `/schema/model/<family>`, a reasoning task's from `/schema/task/<task name>`, and so on."""
     register_core()
+    taken: dict[tuple[str, str], type] = {}
     for family in FAMILIES:
-        for section, node in family.option_types().items():
-            register_schema(section, family.name, node)
+        for section in OPTION_SECTIONS:
+            for name, node in family.schemas(section).items():
+                if taken.setdefault((section, name), node) is not node:
+                    raise ValueError(f"/schema/{section}/{name} names two schemas: {taken[section, name]} and {node}")
+                register_schema(section, name, node)
 
 
 def family_of(cfg: DictConfig) -> Family:
     """The family whose task schema the task option starts from; every other option must be of the same family."""
     task_type = OmegaConf.get_type(cfg, "task")
-    family = next((f for f in FAMILIES if task_type is f.option_types()["task"]), None)
+    family = next((f for f in FAMILIES if f.owns("task", task_type)), None)
     if family is None:
+        schemas = "|".join(name for f in FAMILIES for name in f.schemas("task"))
         raise ConfigError(
             f"task = {OmegaConf.to_container(cfg.task)!r}: a task option must start from a task schema "
-            f"(defaults: [/schema/task/<{'|'.join(f.name for f in FAMILIES)}>@_here_])"
+            f"(defaults: [/schema/task/<{schemas}>@_here_])"
         )
     for section, key in OPTION_SECTIONS.items():
-        expected = family.option_types()[section]
-        if OmegaConf.get_type(cfg, section) is not expected:
-            other = next(f.name for f in FAMILIES if OmegaConf.get_type(cfg, section) is f.option_types()[section])
+        node_type = OmegaConf.get_type(cfg, section)
+        if not family.owns(section, node_type):
+            other = next((f"the {f.name} family" for f in FAMILIES if f.owns(section, node_type)), "no family")
             raise ConfigError(
-                f"{section}: the chosen option ({section}.{key} = {cfg[section][key]!r}) belongs to the {other} "
-                f"family, but task.name = {cfg.task.name!r} is of the {family.name} family (valid: "
-                f"{', '.join(f'{section}={name}' for name in options_of(section, family.name))})"
+                f"{section}: the chosen option ({section}.{key} = {cfg[section].get(key)!r}) belongs to {other}, "
+                f"but task.name = {cfg.task.name!r} is of the {family.name} family (valid: "
+                f"{', '.join(f'{section}={name}' for name in family.options(section))})"
             )
     return family
 

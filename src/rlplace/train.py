@@ -7,8 +7,10 @@ accuracy for reasoning runs) for Hydra's sweepers.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -27,6 +29,7 @@ from rlplace.core import checkpoint, preemption
 from rlplace.core.config import CONF_DIR
 from rlplace.core.errors import ConfigError
 from rlplace.core.launcher import Launcher, RunContext
+from rlplace.core.neighbours import describe, other_embedded_rays
 from rlplace.families import Plan, register, resolve
 from rlplace.metrics import MetricLogger, build_logger, process_uptime_s, summarize
 from rlplace.placement import PlacementError
@@ -66,6 +69,8 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
         f"device {device}: {', '.join(names) or 'idle'}" for device, names in plan.placement.device_sharing().items()
     )
     log.info(f"rlplace: {mode} {plan.family.name} run of {cfg.task.name} ({devices}); outputs in {run_dir}")
+    if cfg.cluster.address is None and (neighbours := describe(other_embedded_rays())):
+        log.warning(neighbours)
     history: list[dict[str, float]] = []
     processes = [process for name in plan.placement for process in plan.placement.get_placements(name)]
     logger: MetricLogger | None = None
@@ -132,11 +137,13 @@ def run(cfg: DictConfig) -> float | None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     # A single run starts with the command; a multirun job with itself (its process ran the jobs before it).
     started = time.monotonic() - (process_uptime_s() if hydra_cfg.mode == RunMode.RUN else 0.0)
+    claim_run_folder(run_dir, "hydra.run.dir" if hydra_cfg.mode == RunMode.RUN else "hydra.sweep.dir")
     try:
         plan = resolve(cfg)
         if hydra_cfg.mode == RunMode.MULTIRUN and plan.cfg.logger.wandb.group is None:
             plan.cfg.logger.wandb.group = sweep_group(hydra_cfg)
-        final = train(plan, run_dir, OmegaConf.to_container(cfg, resolve=True), started)
+        config = {**OmegaConf.to_container(cfg, resolve=True), **dashboard_config(plan, hydra_cfg)}
+        final = train(plan, run_dir, config, started)
     except (ConfigError, PlacementError, ClusterError) as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             # One combination of a sweep that this cluster cannot hold: skip it, keep sweeping.
@@ -164,6 +171,42 @@ def run(cfg: DictConfig) -> float | None:
     return objective
 
 
+_CLAIMED: dict[Path, int] = {}
+"""Run folders this process holds (folder -> the open descriptor whose lock it holds until the process ends)."""
+
+
+def claim_run_folder(run_dir: Path, key: str = "hydra.run.dir") -> None:
+    """Hold an exclusive lock on the run folder for the rest of this process, or refuse (exit 2) a folder that
+    another live run holds: two runs writing one folder would each exit 0 with one's results lost. The lock goes
+    with the process, however it ends, so a stopped run's folder can be resumed (`runner.resume=auto`) at once.
+
+    The default folders are already unique (conf/train.yaml names them to the microsecond); this catches the same
+    folder given twice (`hydra.run.dir=...`). Hydra has written the run's `.hydra/` files by the time a job runs,
+    which is why `main` claims a folder given on the command line before Hydra starts.
+    """
+    run_dir = run_dir.absolute()
+    if run_dir in _CLAIMED or not run_dir.is_dir():
+        return
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        fail(
+            f"{key} = '{run_dir}' is in use by another run that is still running: runs never share a folder; "
+            "choose another folder, or wait for that run to end (runner.resume=auto continues it)"
+        )
+    _CLAIMED[run_dir] = fd
+
+
+def dashboard_config(plan: Plan, hydra_cfg: Any) -> dict[str, Any]:
+    """What the run's wandb config adds to the resolved config, for a dashboard to group and filter runs by: the
+    placement mode the run took and the option chosen in each config group (`presets.placement`,
+    `presets.experiment`, `presets.sweep`, ...), which the resolved values alone do not name."""
+    choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if not group.startswith("hydra")}
+    return {"placement_mode": plan.placement.mode, "presets": choices}
+
+
 class EveryJobSkipped(Callback):
     """Ends a multirun in which no job ran (every combination refused) with exit code 2 instead of 0."""
 
@@ -185,6 +228,9 @@ def main() -> None:
     """`rlplace-train`: the overrides are checked first (bad ones exit 2 with one line), then Hydra runs the job(s).
     A Ctrl-C that got past the first one (which stops after the step, see `preemption`) ends with one line too."""
     check_overrides(sys.argv[1:])
+    given = [arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith("hydra.run.dir=")]
+    if given and not any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):
+        claim_run_folder(Path(given[-1]))  # before Hydra writes its files into a folder that another run holds
     try:
         run()
     except KeyboardInterrupt:

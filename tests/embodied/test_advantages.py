@@ -6,12 +6,8 @@ import pytest
 import torch
 
 from rlplace.core.errors import ConfigError
-from rlplace.embodied.advantages import (
-    ADVANTAGE_ESTIMATORS,
-    compute_advantages,
-    compute_gae,
-    group_normalized_advantages,
-)
+from rlplace.embodied.advantages import compute_advantages, compute_gae, group_normalized_advantages
+from rlplace.embodied.algorithms import ADVANTAGE_ESTIMATORS
 from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.trajectory import Trajectory
 
@@ -96,7 +92,7 @@ def test_registry_uniform_call_and_unknown_name() -> None:
     assert set(ADVANTAGE_ESTIMATORS) == {"gae", "group_norm"}
     for name, estimator in ADVANTAGE_ESTIMATORS.items():
         alg = PPOConfig(adv_estimator=name, gamma=0.99, gae_lambda=0.95, group_size=2)
-        advantages, returns = estimator(batch, alg)
+        advantages, returns = estimator.load()(batch, alg)
         assert advantages.shape == returns.shape == (3, 2)
         for got, expected in zip(compute_advantages(batch, alg), (advantages, returns), strict=True):
             torch.testing.assert_close(got, expected, rtol=0, atol=0)

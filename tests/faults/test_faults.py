@@ -27,8 +27,8 @@ from rlplace.core.config import ClusterConfig
 from rlplace.core.errors import ConfigError
 from rlplace.families import resolve
 from rlplace.scheduler import Cluster, WorkerError, WorkerTimeout
-from rlplace.scheduler.cluster import REAP_S
 from rlplace.scheduler.group import GRACEFUL_EXIT_S
+from rlplace.scheduler.session import REAP_S
 from rlplace.train import RUN_INFO, train
 from tests.ray_temp import RAY_TEMP
 

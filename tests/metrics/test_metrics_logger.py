@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from tests.wandb_records import final_summary
 
 from rlplace.metrics import JsonlLogger, NullLogger, WandbLogger, build_logger, read_jsonl, summarize
 from rlplace.metrics.logger import MetricLogger, MultiLogger
@@ -125,21 +126,47 @@ def test_multi_logger_fans_out(tmp_path) -> None:
 
 
 def test_summarize_takes_medians_after_warmup() -> None:
+    gen = "time/generate_rollouts"
     history = [
-        {"step": 0, "time/step": 30.0, "throughput/tokens_per_s": 10.0, "train/policy_loss": 1.0},  # warm-up
-        {"step": 1, "time/step": 2.0, "throughput/tokens_per_s": 100.0},
-        {"step": 2, "time/step": 9.0, "throughput/tokens_per_s": 90.0},
-        {"step": 3, "time/step": 3.0, "throughput/tokens_per_s": 110.0, "time/offload": 0.5},
-        {"step": 4, "time/step": 4.0, "throughput/tokens_per_s": float("nan")},
+        {"step": 0, "time/step": 30.0, "throughput/tokens_per_s": 10.0, "train/policy_loss": 1.0, gen: 1.0},  # warm-up
+        {"step": 1, "time/step": 2.0, "throughput/tokens_per_s": 100.0, gen: 1.0},
+        {"step": 2, "time/step": 9.0, "throughput/tokens_per_s": 90.0, gen: 1.0},
+        {"step": 3, "time/step": 3.0, "throughput/tokens_per_s": 110.0, "time/offload": 0.5, gen: 1.0},
+        {"step": 4, "time/step": 4.0, "throughput/tokens_per_s": float("nan"), gen: 1.0},
+        {"step": 5, "time/step": 1.0, "throughput/tokens_per_s": 0.0},  # an async run's last step: trains only
     ]
-    # after 1 warm-up step: time/step median of [2, 9, 3, 4] = (3 + 4) / 2 = 3.5;
-    # tokens/s median of [100, 90, 110] (NaN skipped) = 100; time/offload only at step 3 -> 0.5; train/* not summarized
+    # after 1 warm-up step: time/step median of [2, 9, 3, 4, 1] = 3; tokens/s median of [100, 90, 110] (NaN skipped,
+    # step 5 generated nothing) = 100; time/generate_rollouts of steps 1-4 = 1; time/offload only at step 3 -> 0.5;
+    # train/* not summarized
     assert summarize(history, warmup=1) == {
         "throughput/tokens_per_s": 100.0,
+        "time/generate_rollouts": 1.0,
         "time/offload": 0.5,
-        "time/step": 3.5,
+        "time/step": 3.0,
     }
-    assert summarize(history, warmup=5) == {}
+    assert summarize(history, warmup=6) == {}
     assert summarize(history, warmup=1, prefixes=("train/",)) == {}
     with pytest.raises(ValueError, match="warmup"):
         summarize(history, warmup=-1)
+
+
+def test_wandb_summary_holds_summary_jsons_medians_when_the_last_step_generates_nothing(tmp_path, monkeypatch) -> None:
+    """The last step of an asynchronous run only trains (a throughput of 0): the summary wandb keeps must still be
+    the medians of summary.json, not the last row."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    logger = build_logger("wandb", tmp_path, config={}, project="rlplace-test", mode="offline")
+    for step, rate in enumerate([1.0, 1.0, 480.0, 494.0, 500.0, 510.0, 0.0]):
+        generated = {"time/generate_rollouts": 0.5} if rate else {}  # the last step generates nothing
+        logger.log({"throughput/tokens_per_s": rate, "time/step": 1.0 + step, "train/loss": -step, **generated}, step)
+    logger.log_summary({**summarize(read_jsonl(tmp_path / "metrics.jsonl")), "final/accuracy": 0.5})
+    logger.close()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["throughput/tokens_per_s"] == 497.0  # median of steps 2-5 (after warm-up, with generation)
+    (run,) = (tmp_path / "wandb").glob("offline-run-*")
+    recorded = final_summary(run)
+    assert {key: recorded[key] for key in summary} == summary
+    assert recorded["train/loss"] == -6  # metrics outside the summary keep their last value
+    if (run / "files" / "wandb-summary.json").exists():  # a wandb that writes it offline: it must agree
+        written = json.loads((run / "files" / "wandb-summary.json").read_text())
+        assert {key: written[key] for key in summary} == summary

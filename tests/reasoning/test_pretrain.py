@@ -14,7 +14,14 @@ import torch
 
 from rlplace.cli import EXIT_BAD_CONFIG, pretrain_main
 from rlplace.core.errors import ConfigError
-from rlplace.reasoning.config import GenerationConfig, LMConfig, PretrainConfig, ReasoningConfig, ReasoningTaskConfig
+from rlplace.reasoning.config import (
+    ArithmeticTaskConfig,
+    GenerationConfig,
+    LMConfig,
+    PretrainConfig,
+    ReasoningConfig,
+    ReasoningTaskConfig,
+)
 from rlplace.reasoning.models.hf_folder import check_model_folder
 from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
 from rlplace.reasoning.pretrain import STATS_FILE, cache_key, greedy_accuracy, greedy_responses, pretrained_model_path
@@ -29,7 +36,7 @@ def tiny_cfg(**pretrain: object) -> ReasoningConfig:
     """1-digit addition (100 problems, 20 held out) and a budget of a few seconds; target 1.0 runs every step."""
     budget = {"max_steps": 40, "batch_size": 32, "lr": 1e-3, "target_accuracy": 1.0, "eval_interval": 20} | pretrain
     return ReasoningConfig(
-        task=ReasoningTaskConfig(name="arithmetic", min_digits=1, max_digits=1, operations="+", eval_size=20),
+        task=ArithmeticTaskConfig(min_digits=1, max_digits=1, operations="+", eval_size=20),
         model=LMConfig(name="tiny_lm", pretrain=PretrainConfig(**budget)),
         rollout=GenerationConfig(max_new_tokens=MAX_NEW_TOKENS),
     )

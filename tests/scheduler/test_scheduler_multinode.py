@@ -23,8 +23,8 @@ from ray.util.placement_group import placement_group_table
 from rlplace.core.config import ClusterConfig
 from rlplace.placement.placement import Placement
 from rlplace.scheduler import Channel, Cluster, ClusterError, Worker
-from rlplace.scheduler.cluster import remove_session
 from rlplace.scheduler.mailbox import mailbox
+from rlplace.scheduler.session import remove_session
 from tests.scheduler.helpers import on_devices
 
 

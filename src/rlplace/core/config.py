@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields, is_dataclass
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlplace.core.errors import ConfigError, check, check_choice
+from rlplace.metrics.logger import BACKENDS as LOGGER_BACKENDS
 
 T = TypeVar("T")
 
@@ -222,11 +224,12 @@ class WandbConfig:
 @dataclass
 class LoggerConfig:
     backend: str = "wandb"
-    """`wandb`, `jsonl` or `none`; metrics.jsonl is written in the run folder in every case."""
+    """`wandb`, `jsonl` or `none` (`rlplace.metrics.logger.BACKENDS`, the one table of them: the metrics layer lies
+    below the registries' `core`); metrics.jsonl is written in the run folder in every case."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def __post_init__(self) -> None:
-        check_choice("logger.backend", self.backend, ("wandb", "jsonl", "none"))
+        check_choice("logger.backend", self.backend, LOGGER_BACKENDS)
 
 
 @dataclass
@@ -287,10 +290,11 @@ def devices_resolver(lo: Any, hi: Any, *, _root_: DictConfig) -> str:
     return str(start) if stop - start == 1 else f"{start}-{stop - 1}"
 
 
-def options_of(group: str, family: str) -> list[str]:
-    """The options of config group `group` whose file starts from `family`'s schema, for error messages."""
-    marker = f"/schema/{group}/{family}@"
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if marker in p.read_text())
+def options_of(group: str, schemas: Iterable[str]) -> list[str]:
+    """The options of config group `group` whose file starts from one of `schemas` (`/schema/<group>/<name>`), for
+    error messages."""
+    markers = [f"/schema/{group}/{name}@" for name in schemas]
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if any(m in p.read_text() for m in markers))
 
 
 def _config_store() -> Any:
@@ -332,8 +336,17 @@ def to_typed(cfg: DictConfig, schema: type[T], family: str) -> T:
     # A section left null (`actor`, `env`: set only by placement presets) keeps the schema's defaults; merging the
     # null would fail with "field 'env' is not Optional" instead of naming what is wrong.
     present = [name for name in names if raw.get(name) is not None]
+    for name in present:
+        _refuse_unknown_keys(cfg[name], name)
     try:
-        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.masked_copy(cfg, present)))
+        base = OmegaConf.structured(schema)
+        for name in present:
+            # A section typed by an extension of the schema's dataclass (a task's own schema: schema per option)
+            # starts from that extension's defaults, so that its own fields merge.
+            node_type = OmegaConf.get_type(cfg, name)
+            if is_dataclass(node_type) and node_type is not OmegaConf.get_type(base, name):
+                base[name] = OmegaConf.structured(node_type)
+        typed = OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.masked_copy(cfg, present)))
     except MissingMandatoryValue as err:
         raise ConfigError(f"{err.full_key} is missing: this option needs a value ({err.full_key}=...)") from err
     except InterpolationResolutionError as err:
@@ -343,3 +356,21 @@ def to_typed(cfg: DictConfig, schema: type[T], family: str) -> T:
         raise ConfigError(f"{err.full_key}: {str(err).splitlines()[0]}") from err
     assert isinstance(typed, schema)
     return typed
+
+
+def _refuse_unknown_keys(node: Any, key: str) -> None:
+    """ConfigError naming the first key of `node` (and of its typed sub-sections) that its schema lacks.
+
+    Hydra refuses `task.foo=1` while composing, but a `+task.foo=1` override adds the key to the typed section, and
+    merging into the schema would silently drop it: a misspelt option must not be ignored."""
+    if not isinstance(node, DictConfig):
+        return
+    node_type = OmegaConf.get_type(node)
+    known = {f.name for f in fields(node_type)} if is_dataclass(node_type) else None
+    for child in node.keys():
+        if known is not None and child not in known:
+            raise ConfigError(
+                f"{key}.{child} = {OmegaConf.to_container(node, resolve=False)[child]!r}: {node_type.__name__} has no "
+                f"key {child!r} (valid: {', '.join(sorted(known))})"
+            )
+        _refuse_unknown_keys(node._get_node(child), f"{key}.{child}")

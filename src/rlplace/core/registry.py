@@ -7,8 +7,9 @@ Ray or torch load, so an entry that needs heavy modules imports them in its fact
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 from rlplace.core.errors import ConfigError
 
@@ -52,6 +53,23 @@ class Registry(Generic[T]):
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)
 
+    def items(self) -> tuple[tuple[str, T], ...]:
+        return tuple(self._entries.items())
+
     def check(self, name: str) -> None:
         """Refuse a name that is not registered (ConfigError, as `__getitem__`)."""
         self[name]
+
+
+def load(path: str, key: str = "") -> Any:
+    """The object `path` names as `package.module:attribute`, imported now: how an entry whose code needs torch is
+    registered in a light module and loaded only where it runs. ConfigError in one line (naming `key`, the config key
+    that holds the path, when given) if it cannot be imported."""
+    module_name, colon, attribute = path.partition(":")
+    try:
+        if not colon or not module_name or not attribute:
+            raise ValueError("expected package.module:attribute")
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as error:
+        where = f"{key} = " if key else ""
+        raise ConfigError(f"{where}{path!r} cannot be imported ({type(error).__name__}: {error})") from None

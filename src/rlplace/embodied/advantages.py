@@ -1,5 +1,5 @@
-"""Advantage estimators over (T, N) rollout buffers, as pure tensor functions, and the registry
-`algorithm.adv_estimator` -> estimator.
+"""Advantage estimators over (T, N) rollout buffers, as pure tensor functions, and `compute_advantages`, which picks
+the one `algorithm.adv_estimator` names (`rlplace.embodied.algorithms.ADVANTAGE_ESTIMATORS`).
 
 Buffers follow CleanRL's layout: row t holds what was seen *before* step t's transition. `dones[t]` is 1 when obs[t]
 is the first observation of a new episode (the transition at t - 1 ended one); `last_done` is that flag for the
@@ -12,11 +12,10 @@ the env slices from having to ship the final observation of every truncated epis
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
+from rlplace.embodied.algorithms import ADVANTAGE_ESTIMATORS
 from rlplace.embodied.config import PPOConfig
 from rlplace.embodied.trajectory import Trajectory
 
@@ -106,13 +105,6 @@ def group_norm(batch: Trajectory, alg: PPOConfig) -> tuple[Tensor, Tensor]:
     return group_normalized_advantages(batch.rewards, batch.dones, alg.gamma, alg.group_size)
 
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable[[Trajectory, PPOConfig], tuple[Tensor, Tensor]]] = {
-    "gae": gae,
-    "group_norm": group_norm,
-}
-"""`algorithm.adv_estimator` -> estimator (the config refuses any other name)."""
-
-
 def compute_advantages(batch: Trajectory, alg: PPOConfig) -> tuple[Tensor, Tensor]:
     """(advantages [T, N], returns [T, N]) of `batch` by the estimator `alg.adv_estimator` names."""
-    return ADVANTAGE_ESTIMATORS[alg.adv_estimator](batch, alg)
+    return ADVANTAGE_ESTIMATORS[alg.adv_estimator].load()(batch, alg)

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
+from rlplace.embodied.algorithms import ADVANTAGE_ESTIMATORS, ALGORITHMS
 
 FAMILY = "embodied"
 COMPONENTS = ("env", "rollout", "actor")
@@ -60,17 +61,16 @@ class PolicyConfig:
 class PPOConfig(PolicyGradientConfig):
     """PPO with a critic, CleanRL's update; advantages by GAE or group-normalised returns."""
 
-    NAMES: ClassVar[tuple[str, ...]] = ("ppo",)
-
     adv_estimator: str = "gae"
-    """`gae`, or `group_norm` for returns normalised within groups of `group_size` neighbouring sub-envs."""
+    """A registered estimator (`rlplace.embodied.algorithms.ADVANTAGE_ESTIMATORS`): `gae`, or `group_norm` for returns
+    normalised within groups of `group_size` neighbouring sub-envs."""
     norm_adv: bool = True
     """Normalise advantages per minibatch to zero mean and unit std."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_choice("algorithm.name", self.name, self.NAMES)
-        check_choice("algorithm.adv_estimator", self.adv_estimator, ("gae", "group_norm"))
+        ALGORITHMS.check(self.name)
+        ADVANTAGE_ESTIMATORS.check(self.adv_estimator)
 
 
 @dataclass

@@ -2,9 +2,11 @@
 generation as the rollout.
 
 Each section is the base dataclass that the option files of its config group start from
-(`rlplace/conf/task/arithmetic.yaml` begins with `defaults: [/schema/task/reasoning@_here_]`), and `ReasoningConfig` is
-the whole run that `to_typed` builds. Field checks sit next to the fields; checks that need the placement are in
-`checks.py`.
+(`rlplace/conf/model/tiny_lm.yaml` begins with `defaults: [/schema/model/reasoning@_here_]`), and `ReasoningConfig` is
+the whole run that `to_typed` builds. A task's option file starts from that task's own schema instead
+(`rlplace/conf/task/arithmetic.yaml`: `/schema/task/arithmetic`, `ArithmeticTaskConfig`), an extension of
+`ReasoningTaskConfig` registered in `rlplace.reasoning.tasks.TASKS`. Field checks sit next to the fields; checks that
+need the placement are in `checks.py`.
 """
 
 from __future__ import annotations
@@ -14,50 +16,24 @@ from typing import ClassVar
 
 from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
+from rlplace.reasoning.algorithms import ALGORITHMS
 from rlplace.reasoning.generation.backends import BACKENDS
-from rlplace.reasoning.rewards import reward_function
-from rlplace.reasoning.tasks import TASKS
+from rlplace.reasoning.tasks import ArithmeticTaskConfig, JsonlTaskConfig, ReasoningTaskConfig
 
 FAMILY = "reasoning"
 COMPONENTS = ("rollout", "reward", "inference", "actor")
 """The worker groups of a reasoning run; each must be placed, and nothing else may be."""
 
-
-@dataclass
-class ReasoningTaskConfig:
-    """Prompts with a reference answer, scored by the task's reward; a held-out split measures accuracy."""
-
-    name: str = "arithmetic"
-    """A registered task (`rlplace.reasoning.tasks.TASKS`): `arithmetic` (generated problems) or `jsonl` (your own
-    lines)."""
-    reward: str = "exact_match"
-    """How a response is scored against the answer: a registered reward (`rlplace.reasoning.rewards.REWARDS`:
-    `exact_match`) or `package.module:function` for your own `(response, answer) -> float`."""
-    prompts_per_step: int = 32
-    """Prompts per training step; each is answered algorithm.group_size times."""
-    min_digits: int = 1
-    """arithmetic: fewest digits of an operand."""
-    max_digits: int = 2
-    """arithmetic: most digits of an operand (digits are drawn uniformly in [min_digits, max_digits])."""
-    operations: str = "+-"
-    """arithmetic: the operators to draw from, a subset of `+-*`."""
-    eval_size: int = 200
-    """Problems in the held-out evaluation split."""
-    data_seed: int = 0
-    """Seed of the problem streams, fixed apart from runner.seed so that every run (and the cached pretrained
-    model) sees the same held-out split."""
-    train_path: str | None = None
-    """jsonl: `{"prompt": ..., "answer": ...}` lines to train on."""
-    eval_path: str | None = None
-    """jsonl: held-out lines; None holds out eval_size lines of train_path."""
-
-    def __post_init__(self) -> None:
-        TASKS.check(self.name)
-        reward_function(self.reward)
-        check(self.prompts_per_step >= 1, "task.prompts_per_step", self.prompts_per_step, "at least 1")
-        check(self.eval_size >= 1, "task.eval_size", self.eval_size, "at least 1")
-        if self.name == "jsonl":
-            check(self.train_path is not None, "task.train_path", self.train_path, "a jsonl file for task=jsonl")
+__all__ = [
+    "ArithmeticTaskConfig",
+    "GenerationConfig",
+    "JsonlTaskConfig",
+    "LMConfig",
+    "PretrainConfig",
+    "ReasoningAlgorithmConfig",
+    "ReasoningConfig",
+    "ReasoningTaskConfig",
+]
 
 
 @dataclass
@@ -104,8 +80,6 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
     """GRPO, PPO (critic + token-level GAE) or REINFORCE++, on response tokens, with an optional KL to the
     reference (initial) model."""
 
-    NAMES: ClassVar[tuple[str, ...]] = ("grpo", "ppo", "reinforce_pp")
-
     kl_coef: float = 0.0
     """Weight of the KL to the reference model; 0 skips the reference entirely."""
     kl_type: str = "low_var_kl"
@@ -119,22 +93,28 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_choice("algorithm.name", self.name, self.NAMES)
+        algorithm = ALGORITHMS[self.name]
         check_choice("algorithm.kl_type", self.kl_type, ("k1", "k2", "low_var_kl"))
         check_choice("algorithm.loss_agg", self.loss_agg, ("token_mean", "seq_mean_token_mean"))
         check(self.kl_coef >= 0, "algorithm.kl_coef", self.kl_coef, "0 or more")
-        if self.name in ("grpo", "reinforce_pp"):
+        if algorithm.min_group_size > 1:
             check(
-                self.group_size >= 2,
+                self.group_size >= algorithm.min_group_size,
                 "algorithm.group_size",
                 self.group_size,
-                f"at least 2: {self.name} compares each response with the others of its prompt",
+                f"at least {algorithm.min_group_size}: {self.name} compares each response with the others of its "
+                "prompt",
             )
 
     @property
     def kl_in_reward(self) -> bool:
         """The KL penalty is folded into the token rewards (ppo and reinforce_pp without use_kl_loss)."""
-        return self.kl_coef > 0 and not self.use_kl_loss and self.name != "grpo"
+        return self.kl_coef > 0 and not self.use_kl_loss and ALGORITHMS[self.name].kl_in_reward
+
+    @property
+    def has_critic(self) -> bool:
+        """The algorithm trains a critic (ppo): the actor builds one and the estimator reads its values."""
+        return ALGORITHMS[self.name].critic
 
     @property
     def kl_in_loss(self) -> bool:
@@ -176,7 +156,8 @@ class ReasoningConfig(RunConfig):
     components: ClassVar[tuple[str, ...]] = COMPONENTS
     """Its worker groups, for the placement (`HybridComponentPlacement(cfg)`)."""
 
-    task: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
+    task: ReasoningTaskConfig = field(default_factory=ArithmeticTaskConfig)
+    """Typed by the chosen task's own schema (`rlplace.reasoning.tasks.TASKS`)."""
     model: LMConfig = field(default_factory=LMConfig)
     algorithm: ReasoningAlgorithmConfig = field(default_factory=ReasoningAlgorithmConfig)
     rollout: GenerationConfig = field(default_factory=GenerationConfig)

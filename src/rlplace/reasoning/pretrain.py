@@ -51,7 +51,12 @@ TASK_KEY_FIELDS = (
     "train_path",
     "eval_path",
 )
-"""The task fields that define its problems; the others (e.g. prompts_per_step) do not change pretraining."""
+"""The task fields that define the problems of the built-in tasks, keyed as they always were (a field a task's schema
+does not have keys as None), so that a cached model stays found; a task's other fields key too, but for
+`PRETRAIN_NEUTRAL_FIELDS`."""
+PRETRAIN_NEUTRAL_FIELDS = ("prompts_per_step",)
+"""Task fields that do not change the pretrained weights. (`reward` does: pretraining stops on the task's score; it
+keys when it is not the default `exact_match`, so that keys made before rewards were configurable stay valid.)"""
 LR_WARMUP_STEPS = 50
 """Linear learning-rate warmup: without it, AdamW's first large steps from a random init stall the loss for longer."""
 MAX_GRAD_NORM = 1.0
@@ -60,7 +65,15 @@ MAX_GRAD_NORM = 1.0
 def cache_config(cfg: ReasoningConfig) -> dict[str, Any]:
     """Everything the pretrained weights depend on, and nothing else: the cache key is a hash of it."""
     return {
-        "task": {name: getattr(cfg.task, name) for name in TASK_KEY_FIELDS},
+        "task": {
+            **{name: getattr(cfg.task, name, None) for name in TASK_KEY_FIELDS},
+            **{
+                f.name: getattr(cfg.task, f.name)
+                for f in dataclasses.fields(cfg.task)
+                if f.name not in TASK_KEY_FIELDS + PRETRAIN_NEUTRAL_FIELDS
+                and (f.name != "reward" or cfg.task.reward != "exact_match")
+            },
+        },
         "shape": dataclasses.asdict(TinyLMShape()),
         "pretrain": dataclasses.asdict(cfg.model.pretrain),
         "max_new_tokens": cfg.rollout.max_new_tokens,

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from rlplace.core.data_parallel import Shard, global_minibatches
 from rlplace.core.off_policy import behaviour_weight
+from rlplace.reasoning.algorithms import ALGORITHMS
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
 from rlplace.reasoning.models.value_model import ValueModel
 
@@ -68,12 +69,14 @@ Advantages = tuple[Tensor, Tensor | None]
 """[B, T] advantages and, where the algorithm has a critic, [B, T] returns."""
 
 
-def _grpo(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None, _: SumOverRanks) -> Advantages:
+def estimate_grpo(
+    batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None, _: SumOverRanks
+) -> Advantages:
     """Group-normalised rewards (a group lies within one rank's rows); GRPO's KL, if any, is a loss term."""
     return grpo_advantages(batch.rewards, batch.response_mask, alg.group_size), None
 
 
-def _reinforce_pp(
+def estimate_reinforce_pp(
     batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None, sum_over_ranks: SumOverRanks
 ) -> Advantages:
     """Whitened returns of the rewards, group-baselined when group_size > 1, with the KL penalty in the token rewards
@@ -92,7 +95,7 @@ def _reinforce_pp(
     return advantages, None
 
 
-def _ppo(
+def estimate_ppo(
     batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None, sum_over_ranks: SumOverRanks
 ) -> Advantages:
     """GAE over the token rewards (reward on the EOS, KL penalty unless use_kl_loss) with the critic's rollout-time
@@ -107,16 +110,6 @@ def _ppo(
     return masked_whiten(advantages, mask, sum_over_ranks=sum_over_ranks), returns
 
 
-ADVANTAGE_ESTIMATORS: dict[
-    str, Callable[[SequenceBatch, ReasoningAlgorithmConfig, Tensor | None, SumOverRanks], Advantages]
-] = {
-    "grpo": _grpo,
-    "reinforce_pp": _reinforce_pp,
-    "ppo": _ppo,
-}
-"""`algorithm.name` -> its advantage estimator (the config refuses any other name)."""
-
-
 def compute_advantages(
     batch: SequenceBatch,
     alg: ReasoningAlgorithmConfig,
@@ -129,7 +122,7 @@ def compute_advantages(
     data-parallel rank's rows, and statistics over the batch are taken over every rank's."""
     if batch.rewards is None:
         raise ValueError("compute_advantages needs batch.rewards (the reward worker fills them)")
-    return ADVANTAGE_ESTIMATORS[alg.name](batch, alg, values, sum_over_ranks)
+    return ALGORITHMS[alg.name].advantage_estimator()(batch, alg, values, sum_over_ranks)
 
 
 def _optimizer_step(
@@ -186,8 +179,8 @@ def llm_update(
         raise ValueError("llm_update needs batch.old_logprobs (the inference worker fills them)")
     if alg.kl_in_loss and batch.ref_logprobs is None:
         raise ValueError("kl_coef > 0 with use_kl_loss needs batch.ref_logprobs (the reference worker fills them)")
-    if alg.name == "ppo" and critic is None:
-        raise ValueError("ppo needs a critic")
+    if alg.has_critic and critic is None:
+        raise ValueError(f"{alg.name} needs a critic")
     if critic is not None and (critic_optimizer is None or returns is None or old_values is None):
         raise ValueError("a critic needs critic_optimizer, returns and old_values")
     num_rows = batch.num_rows if shard is None else shard.size

@@ -1,22 +1,43 @@
-"""`rlplace-report <multirun folder>`: (re)write a sweep's report.md and charts, and print its table."""
+"""`rlplace-report <multirun folder>`: (re)write a sweep's report.md and charts, print its table, and log it to
+wandb when the sweep's jobs logged there (`--no-wandb`: not).
+
+A folder the report cannot be made from (not a sweep's, a job without run.json or with an empty or damaged
+metrics.jsonl) is refused with one line and exit code 2, as the other CLIs refuse bad input (`cli.fail`).
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from rlplace.report.write import write_report
+from rlplace.cli import fail
+from rlplace.report.callback import one_line
+from rlplace.report.collect import ReportError
+from rlplace.report.dashboard import log_report, sweep_logging
+from rlplace.report.write import make_report
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "multirun_dir", type=Path, help="a folder under outputs/multiruns/ holding job folders 0, 1, ..."
     )
+    parser.add_argument("--no-wandb", action="store_true", help="do not log the report to wandb")
     args = parser.parse_args(argv)
-    if not args.multirun_dir.is_dir():
-        parser.error(f"{args.multirun_dir} is not a folder")
-    print(f"rlplace: sweep report in {write_report(args.multirun_dir)}")
+    try:
+        report = make_report(args.multirun_dir)
+        settings = sweep_logging(args.multirun_dir)
+    except (ReportError, OSError) as err:
+        fail(one_line(err))
+    print(f"rlplace: sweep report in {report.path}")
+    if args.no_wandb or settings is None or settings.backend != "wandb":
+        return
+    try:
+        run = log_report(report, settings)
+    except Exception as err:
+        fail(f"the sweep report in {report.path} could not be logged to wandb: {one_line(err)}")
+    if run is not None:
+        print(f"rlplace: sweep report on wandb in {run} (offline runs upload with `wandb sync`)")
 
 
 if __name__ == "__main__":

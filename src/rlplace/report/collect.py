@@ -43,6 +43,10 @@ RATES = {"throughput/env_steps_per_s": "env steps", "throughput/tokens_per_s": "
 """Each family's throughput metric and what it counts."""
 
 
+class ReportError(ValueError):
+    """A folder the report cannot be made from, in one line naming the folder or file and what is wrong with it."""
+
+
 def split_generation(row: Mapping[str, float]) -> dict[str, float]:
     """A step's generation time as the busiest stage's busy time plus the rest, the *hand-off wait* (floored at 0).
 
@@ -73,6 +77,8 @@ class JobResult:
     """The throughput metric (a key of `RATES`)."""
     warmup: int = 0
     """Steps left out as warm-up: `WARMUP_STEPS`, or 0 for a run too short to leave any out."""
+    note: str | None = None
+    """Why the job's numbers say less than the others' (too short to leave warm-up out, or nothing measured)."""
     throughput: list[float] = field(default_factory=list)
     """Throughput of each measured step (after warm-up)."""
     medians: dict[str, float] = field(default_factory=dict)
@@ -116,10 +122,10 @@ class JobResult:
     @property
     def ideal_throughput(self) -> float:
         """Throughput if the generation stages overlapped perfectly: generation costing only the busiest stage."""
-        if not self.throughput:
+        step, wait = self.medians.get("time/step", math.nan), self.medians.get(HANDOFF_WAIT, 0.0)
+        if not self.throughput or not step > wait:
             return math.nan
-        step = self.medians["time/step"]
-        return self.median_throughput * step / (step - self.medians[HANDOFF_WAIT])
+        return self.median_throughput * step / (step - wait)
 
 
 def swept_keys(multirun_dir: Path) -> set[str]:
@@ -127,8 +133,18 @@ def swept_keys(multirun_dir: Path) -> set[str]:
     multirun = multirun_dir / "multirun.yaml"
     if not multirun.exists():
         return set()
-    params = (yaml.safe_load(multirun.read_text()).get("hydra", {}).get("sweeper", {}) or {}).get("params") or {}
+    try:
+        config = yaml.safe_load(multirun.read_text())
+        params = ((config.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    except (yaml.YAMLError, AttributeError) as err:
+        raise ReportError(f"{multirun} is not a multirun's config ({one_line_yaml(err)})") from None
     return set(params)
+
+
+def one_line_yaml(err: Exception) -> str:
+    """A YAML error's first line (its full text spans several, with a pointer into the file)."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
 
 
 def _job_label(path: Path, keys: set[str]) -> str:
@@ -137,19 +153,66 @@ def _job_label(path: Path, keys: set[str]) -> str:
     return " ".join(o for o in overrides if not keys or o.split("=", 1)[0] in keys) or path.name
 
 
+def _run_info(path: Path) -> dict[str, Any]:
+    """The job's run.json, checked for what the report reads from it."""
+    file = path / "run.json"
+    if not file.is_file():
+        raise ReportError(f"job {path.name}: {file} is missing: the job stopped before its run started")
+    try:
+        info = json.loads(file.read_text())
+        if not isinstance(info, dict) or not isinstance(info["mode"], str) or int(info["num_devices"]) < 1:
+            raise ValueError("not an object with a mode and a device count")
+    except (ValueError, KeyError, TypeError) as err:
+        raise ReportError(f"job {path.name}: {file} is not a run's run.json ({err})") from None
+    return info
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The job's metrics.jsonl: one object per step, at least one."""
+    file = path / "metrics.jsonl"
+    if not file.is_file():
+        raise ReportError(f"job {path.name}: {file} is missing: the job logged no step")
+    rows = []
+    for number, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise ReportError(f"job {path.name}: {file} line {number} is not JSON ({err})") from None
+        if not isinstance(row, dict):
+            raise ReportError(f"job {path.name}: {file} line {number} is not a step's metrics (a JSON object)")
+        rows.append(row)
+    if not rows:
+        raise ReportError(f"job {path.name}: {file} is empty: the job logged no step")
+    return rows
+
+
 def read_job(path: Path, keys: set[str] = frozenset(), profile: Path | None = None) -> JobResult:
+    """One job of a sweep. Raises ReportError for a folder that is no finished run's."""
     result = JobResult(job=path.name, path=path, label=_job_label(path, keys))
     if (path / "skipped.txt").exists():
         result.skipped = (path / "skipped.txt").read_text().strip()
         return result
-    info = json.loads((path / "run.json").read_text())
-    result.mode, result.stages, result.devices = info["mode"], info.get("stages", 1), info["num_devices"]
+    info = _run_info(path)
+    result.mode, result.stages, result.devices = info["mode"], info.get("stages", 1), int(info["num_devices"])
     result.staleness = info.get("staleness", 0)
-    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
-    result.warmup = WARMUP_STEPS if len(rows) > WARMUP_STEPS else 0
+    rows = _rows(path)
     # The last K steps of an asynchronous run (runner.max_staleness = K) generate nothing: no throughput to count.
-    kept = [row | split_generation(row) for row in rows[result.warmup :] if "time/generate_rollouts" in row]
-    result.rate = next(key for key in RATES if key in kept[0])
+    generating = [i for i, row in enumerate(rows) if "time/generate_rollouts" in row]
+    result.warmup = WARMUP_STEPS if any(i >= WARMUP_STEPS for i in generating) else 0
+    kept = [rows[i] | split_generation(rows[i]) for i in generating if i >= result.warmup]
+    if not kept:
+        result.note = f"{len(rows)} step{'s' if len(rows) > 1 else ''}, none of which generated: nothing to measure"
+        return result
+    if not result.warmup:
+        result.note = (
+            f"{len(rows)} step{'s' if len(rows) > 1 else ''}, none generating after the {WARMUP_STEPS} warm-up steps: "
+            f"measured over the {len(kept)} that generated, start-up included; run more steps for a fair number"
+        )
+    result.rate = next((key for key in RATES if key in kept[0]), "")
+    if not result.rate:
+        raise ReportError(f"job {path.name}: {path / 'metrics.jsonl'} logs no throughput ({' or '.join(RATES)})")
     result.throughput = [row[result.rate] for row in kept]
     keys = {k for row in kept for k in row if k.startswith(("time/", "util/", "throughput/"))}
     result.medians = {k: statistics.median(row.get(k, 0.0) for row in kept) for k in sorted(keys)}
@@ -162,7 +225,7 @@ def profile_source(jobs: list[Path]) -> Path | None:
     least contended (disaggregated, synchronous, 1 stage first, as `benchmarks/planner_accuracy.py` validates)."""
 
     def contention(job: Path) -> tuple[bool, bool, int, int]:
-        info = json.loads((job / "run.json").read_text())
+        info = _run_info(job)
         return info["mode"] != "disaggregated", info.get("staleness", 0) != 0, info.get("stages", 1), int(job.name)
 
     profiled = [job for job in jobs if (job / PROFILE_FILE).exists() and (job / "run.json").exists()]
@@ -205,9 +268,15 @@ def _step_model(source: str, env_id: str) -> Any:
 def collect(multirun_dir: Path) -> list[JobResult]:
     """Every job folder (named by job number) of a multirun, in job order; predicted from a profile where one was
     named (`plan.profile`) or a job profiled itself (`profile_source`)."""
+    if not multirun_dir.is_dir():
+        raise ReportError(f"{multirun_dir} is not a folder")
     jobs = sorted((p for p in multirun_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
     if not jobs:
-        raise FileNotFoundError(f"{multirun_dir} holds no job folders (0, 1, ...): is it a multirun folder?")
+        what = "a run's folder, not a sweep's" if (multirun_dir / "run.json").exists() else "not a sweep's folder"
+        raise ReportError(
+            f"{multirun_dir} holds no job folders (0, 1, ...): {what}; rlplace-report reads the folder of a multirun "
+            "(outputs/multiruns/<date>/<time>)"
+        )
     keys = swept_keys(multirun_dir)
     profile = profile_source(jobs)
     return [read_job(job, keys, profile) for job in jobs]
@@ -216,13 +285,15 @@ def collect(multirun_dir: Path) -> list[JobResult]:
 def baseline_for(result: JobResult, results: list[JobResult]) -> JobResult | None:
     """The synchronous collocated run to compare against: same stages if there is one, else any synchronous
     collocated run, else any collocated run."""
-    collocated = [r for r in results if r.mode == "collocated" and not r.skipped]
+    collocated = [r for r in results if r.mode == "collocated" and not r.skipped and r.n]
     synchronous = [r for r in collocated if r.staleness == 0]
     same = [r for r in synchronous if r.stages == result.stages]
     return (same or synchronous or collocated or [None])[0]
 
 
 def speedup(result: JobResult, results: list[JobResult]) -> float:
-    """Median throughput over `baseline_for`'s; nan without a collocated run."""
+    """Median throughput over `baseline_for`'s; nan without a collocated run that measured a throughput."""
     base = baseline_for(result, results)
-    return result.median_throughput / base.median_throughput if base else math.nan
+    if base is None or not base.median_throughput or not result.n:
+        return math.nan
+    return result.median_throughput / base.median_throughput

@@ -3,7 +3,9 @@ recommendation at the end."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -17,8 +19,20 @@ Column = tuple[str, Callable[[JobResult], str]]
 """A table column: its header and how a job that ran fills it."""
 
 
+def _number(value: float, spec: str = ".0f", missing: str = "-") -> str:
+    """A number as the table shows it, or `missing` for nan (a job with nothing to compare or measure)."""
+    return missing if math.isnan(value) else format(value, spec)
+
+
+def _ratio(value: float) -> str:
+    """A speedup, 1.30x, or n/a without a collocated run to compare with."""
+    return "n/a" if math.isnan(value) else f"{value:.2f}x"
+
+
 def _count(value: float) -> str:
     """A large count, short: 4.53M, 812k."""
+    if math.isnan(value):
+        return "-"
     for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
             return f"{value / scale:.3g}{suffix}"
@@ -26,7 +40,7 @@ def _count(value: float) -> str:
 
 
 def _n(result: JobResult) -> str:
-    return f"{result.n}{'' if result.warmup else '*'}"
+    return f"{result.n}{'' if result.warmup or not result.n else '*'}"
 
 
 def _spread(result: JobResult) -> str:
@@ -51,11 +65,11 @@ def columns(results: list[JobResult]) -> list[Column]:
         ("K", lambda r: str(r.staleness)),
         ("devices", lambda r: str(r.devices)),
         ("n", _n),
-        (f"{unit}/s", lambda r: f"{r.median_throughput:.0f}"),
+        (f"{unit}/s", lambda r: _number(r.median_throughput)),
         ("spread", _spread),
-        ("ideal", lambda r: f"{r.ideal_throughput:.0f}"),
-        ("vs collocated", lambda r: f"{speedup(r, results):.2f}x"),
-        ("per device/s", lambda r: f"{r.per_device:.0f}"),
+        ("ideal", lambda r: _number(r.ideal_throughput)),
+        ("vs collocated", lambda r: _ratio(speedup(r, results))),
+        ("per device/s", lambda r: _number(r.per_device)),
         ("per device-hour", lambda r: _count(r.per_device * 3600)),
         ("step s", _seconds("time/step")),
         *(
@@ -86,9 +100,13 @@ def markdown_table(headers: list[str], table: list[list[str]]) -> str:
 
 def recommendation(ran: list[JobResult]) -> str:
     """The sentence a placement is decided from: the fastest job, and by how much it beats the fastest job of
-    another mode (or, if only one mode ran, the next job) on this cluster, flagged when the steps' spreads overlap."""
+    another mode (or, if only one mode ran, the next job) on this cluster, flagged when the steps' spreads overlap.
+    Jobs that measured no step take no part."""
     if not ran:
         return "no job ran: nothing to recommend"
+    ran = [r for r in ran if r.n]
+    if not ran:
+        return "no job that ran measured a step: nothing to recommend"
     fastest = max(ran, key=lambda r: r.median_throughput)
     where = f"on this cluster ({fastest.devices} devices)"
     headline = f"fastest: {fastest.title} ({fastest.median_throughput:,.0f} {fastest.unit}/s)"
@@ -97,8 +115,10 @@ def recommendation(ran: list[JobResult]) -> str:
     if not rivals:
         return f"{headline} {where}; it is the only job that ran: nothing to compare it with"
     rival = max(rivals, key=lambda r: r.median_throughput)
-    ratio = fastest.median_throughput / rival.median_throughput
-    text = f"{headline}, {ratio:.2f}x over {rival.title} {where}"
+    if rival.median_throughput > 0:
+        text = f"{headline}, {fastest.median_throughput / rival.median_throughput:.2f}x over {rival.title} {where}"
+    else:
+        text = f"{headline}, where {rival.title} measured no throughput, {where}"
     if min(fastest.throughput) <= max(rival.throughput):
         text += "; within the spread over steps, so not a clear win"
     return text if other_modes else f"{text}; only {fastest.mode} ran"
@@ -117,23 +137,48 @@ def prediction_note(ran: list[JobResult]) -> list[str]:
     ]
 
 
+@dataclass
+class Report:
+    """A written report: report.md, the table it holds, and the charts beside it."""
+
+    path: Path
+    results: list[JobResult]
+    headers: list[str]
+    rows: list[list[str]]
+    images: list[Path] = field(default_factory=list)
+    advice: str = ""
+    """The recommendation line."""
+
+
 def write_report(multirun_dir: Path, console: Console | None = None) -> Path:
-    """Write report.md and the PNG charts into `multirun_dir`, print the table, and return report.md's path."""
+    """Write report.md and the PNG charts into `multirun_dir`, print the table, and return report.md's path.
+    Raises `collect.ReportError` for a folder that is not a sweep's or a job that is no finished run's."""
+    return make_report(multirun_dir, console).path
+
+
+def make_report(multirun_dir: Path, console: Console | None = None) -> Report:
+    """`write_report`, returning what it wrote (for `dashboard.log_report`)."""
     results = collect(multirun_dir)
     ran = [r for r in results if not r.skipped]
+    measured = [r for r in ran if r.n]  # a job that measured no step has nothing to chart
     table = columns(results)
     headers = [header for header, _ in table]
     body = rows(results, table)
     images = []
-    if ran:
+    if measured:
         images += [
-            charts.throughput_chart(ran, multirun_dir / "throughput.png"),
-            charts.speedup_chart(ran, multirun_dir / "speedup.png"),
-            charts.time_breakdown_chart(ran, multirun_dir / "time_breakdown.png"),
-            charts.utilization_chart(ran, multirun_dir / "utilization.png"),
+            charts.throughput_chart(measured, multirun_dir / "throughput.png"),
+            charts.speedup_chart(measured, multirun_dir / "speedup.png"),
+            charts.time_breakdown_chart(measured, multirun_dir / "time_breakdown.png"),
+            charts.utilization_chart(measured, multirun_dir / "utilization.png"),
         ]
-        images += [charts.timeline_chart(r, multirun_dir / f"timeline_{r.job}.png") for r in ran]
+        images += [
+            charts.timeline_chart(r, multirun_dir / f"timeline_{r.job}.png")
+            for r in measured
+            if (r.path / "timeline.json").exists()
+        ]
     advice = recommendation(ran)
+    notes = [f"- job {r.job} ({r.label}): {r.note}" for r in ran if r.note]
     text = [
         f"# Placement sweep: {multirun_dir}",
         "",
@@ -149,6 +194,7 @@ def write_report(multirun_dir: Path, console: Console | None = None) -> Path:
         markdown_table(headers, body),
         "",
         *[f"- job {r.job} ({r.label}): skipped: {r.skipped}" for r in results if r.skipped],
+        *notes,
         "",
         *[f"![{p.stem}]({p.name})" for p in images],
         "",
@@ -166,5 +212,7 @@ def write_report(multirun_dir: Path, console: Console | None = None) -> Path:
         console = Console()
         console = console if console.is_terminal else Console(width=200)  # logs and CI: no wrapping
     console.print(printed)
+    for note in notes:
+        console.print(f"rlplace: {note.removeprefix('- ')}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"rlplace: {advice}")
-    return report
+    return Report(report, results, headers, body, images, advice)

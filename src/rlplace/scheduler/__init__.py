@@ -10,9 +10,30 @@ Ray, for loops that call every few milliseconds.
         actor = ActorWorker.create_group(cfg).launch(cluster, name="actor", placement_strategy=strategy)
         losses = actor.run_training().wait()  # one result per rank
 
+The modules, by job (each imports only modules listed before it, or unrelated ones: no import cycle,
+tests/scheduler/test_scheduler_imports.py):
+
+- `errors`, `timer`, `limits`, `context`: the scheduler's exceptions, the `@timer` decorator, shared constants, and
+  what a worker process must know before user code runs (carried in its environment).
+- `session`: the Ray session's lifecycle: start an embedded local Ray, attach to a running one, stop it leaving no
+  process or session folder behind. The one module that reaches into `ray._private`.
+- `reservation`, `rendezvous`: the run's devices held as Ray placement groups; the actor through which workers find
+  each other.
+- `transport`: how a group's call reaches its ranks and comes back: the `CallTransport` interface, per-rank handles
+  (`RankCall`) that settle with a result or a `WorkerError` naming group, rank and method, and `RayCalls`.
+- `future`: `GroupFuture` and `wait_all`, which wait through those handles whatever transport sent them.
+- `mailbox`, `channel`: the data plane: each process's mailbox and the keyed queues between groups.
+- `serving`: `serve` and `ServedCalls`, the transport through the mailboxes, for loops where a Ray call per step
+  would cost a large share of the step (benchmarks/handoff.py), and the workers' loop that answers it.
+- `group`: `WorkerGroup` (method fan-out through its current transport), launching and terminating groups.
+- `worker`: the `Worker` base class; `collective` and `group_mean` (tensor transfers, data-parallel means) are the
+  torch-dependent parts it imports on first use.
+- `cluster`: `Cluster`, the nodes and devices a run holds: checks, core sets, reservations, and the groups it tears
+  down; it uses `session` to start and stop Ray.
+
 The torch-dependent names are imported on first use (PEP 562): Ray starts a process for every channel and
-rendezvous actor, and importing this package there must not pull in torch (a second and a few hundred MB per
-process). The light modules (errors, timer) are imported at once; this also keeps the name `timer` bound to the
+rendezvous actor, and importing this package there must not pull in torch (its start-up time and memory, in every
+such process). The light modules (errors, timer) are imported at once; this also keeps the name `timer` bound to the
 decorator rather than to its module.
 """
 

@@ -2,64 +2,44 @@
 
 Waiting rank by rank with `ray.get` would hang when one rank dies while the others block on it (in a collective, a
 channel, a barrier). `wait()` instead returns as soon as any rank fails and translates Ray's exceptions into a
-`WorkerError` naming group, rank and method, with the remote traceback. A call to a served group
-(`rlplace.scheduler.serving`) is waited on the same way: its replies come through the driver's mailbox instead of Ray,
-and a rank whose connection closes has died.
+`WorkerError` naming group, rank and method, with the remote traceback. A future holds one handle per rank
+(`transport.RankCall`) and waits through them, whichever transport sent the call: Ray actor calls, or a served group's
+mailboxes (`serving.py`); `wait_all` waits on futures of both kinds at once.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-import ray
-from ray.exceptions import RayActorError, RayError, RayTaskError
+from typing import Any
 
 from rlplace.scheduler.errors import ChannelError, WorkerError, WorkerTimeout
-
-if TYPE_CHECKING:
-    from rlplace.scheduler.serving import GroupServing
+from rlplace.scheduler.transport import RankCall
 
 _POLL_S = 0.5
-"""Longest single `ray.wait`, so a waiting driver still reacts to Ctrl-C promptly."""
+"""Longest single wait, so a waiting driver still reacts to Ctrl-C promptly."""
 PEER_DEATH_GRACE_S = 5.0
 """How long a call that failed because its channel peer is gone waits for the peer's own call to report the death,
 which is the error to name (Ray notices a dead actor within about a second)."""
-MIXED_POLL_S = 0.001
-"""Longest wait on either kind while both Ray-backed and served calls are pending: the driver cannot block on Ray
-and on its mailbox at once."""
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class GroupFuture:
-    """Results of `method` on `ranks`, in that order; one Ray ObjectRef per rank (`refs`), or for a served group
-    (`rlplace.scheduler.serving`) one call id per rank."""
+    """Results of `method` on `ranks`, in that order: one handle per rank (`calls`), from the group's transport."""
 
-    def __init__(
-        self,
-        group: str,
-        method: str,
-        ranks: Sequence[int],
-        refs: Sequence[Any],
-        deadline_s: float | None = None,
-        served: GroupServing | None = None,
-    ) -> None:
-        self.served = served
+    def __init__(self, group: str, method: str, calls: Sequence[RankCall], deadline_s: float | None = None) -> None:
         self.group = group
         self.method = method
-        self.ranks = tuple(ranks)
-        self.refs = tuple(refs)
+        self.calls = tuple(calls)
+        self.ranks = tuple(call.rank for call in self.calls)
         self.deadline_s = deadline_s
         """How long `wait()` waits when given no timeout (the cluster's hang deadline); None waits for ever."""
-        self._results: dict[int, Any] = {}
         self._error: WorkerError | None = None
+        """The first failure found; fixed from then on."""
 
     def done(self) -> bool:
         """True once every rank finished, or any rank failed (then `wait()` raises at once)."""
         _collect((self,), timeout=0)
-        return self._error is not None or len(self._results) == len(self.refs)
+        return self._error is not None or all(call.done for call in self.calls)
 
     def wait(self, timeout: float | None = None) -> list[Any]:
         """Block until every called rank returned; their results, in the order of `ranks`.
@@ -71,50 +51,21 @@ class GroupFuture:
         return wait_all(self, timeout=timeout)[0]
 
     def _timeout(self, seconds: float, reason: str) -> WorkerTimeout:
-        pending = [rank for i, rank in enumerate(self.ranks) if i not in self._results]
+        pending = [call.rank for call in self.calls if not call.done]
         return WorkerTimeout(self.group, pending[0], self.method, seconds, reason)
 
     def _pending(self) -> bool:
-        return self._error is None and len(self._results) < len(self.refs)
+        return self._error is None and not all(call.done for call in self.calls)
 
-    def _take_replies(self) -> None:
-        """A served future: claim the replies that arrived; a rank whose process died fails it."""
-        served = self.served
-        assert served is not None
-        served.take()
-        for i, (rank, call_id) in enumerate(zip(self.ranks, self.refs, strict=True)):
-            if i in self._results:
-                continue
-            reply = served.results.pop((rank, call_id), None)
-            if reply is not None and reply.ok:
-                self._results[i] = reply.value
-            elif reply is not None:
-                self._error = served.error(self.method, reply)
-            elif served.died(rank):
-                self._error = WorkerError(self.group, rank, self.method, "failed: the worker process died")
-            if self._error is not None:
-                return
+    def _note_failure(self) -> None:
+        """Keep the first failed rank (in the order of `ranks`) of the first collection that found one."""
+        if self._error is None:
+            self._error = next((call.error for call in self.calls if call.error is not None), None)
 
     def __repr__(self) -> str:
-        state = "failed" if self._error else f"{len(self._results)}/{len(self.refs)} done"
+        finished = sum(call.done for call in self.calls)
+        state = "failed" if self._error else f"{finished}/{len(self.calls)} done"
         return f"GroupFuture(group={self.group!r}, method={self.method!r}, ranks={list(self.ranks)}, {state})"
-
-
-def translate_ray_error(group: str, rank: int, method: str, error: RayError) -> WorkerError:
-    """Ray's exception for a failed call, as a WorkerError naming group, rank and method."""
-    if isinstance(error, RayTaskError):
-        traceback = _ANSI.sub("", str(error))
-        return WorkerError(group, rank, method, "raised an exception", traceback, error.cause)
-    if isinstance(error, RayActorError) and error.actor_init_failed:
-        traceback = _ANSI.sub("", str(error))
-        return WorkerError(group, rank, method, "failed: the worker's __init__ raised", traceback)
-    if isinstance(error, RayActorError):
-        detail = _ANSI.sub("", str(error)).strip().splitlines()
-        reason = "failed: the worker process died"
-        if detail:
-            reason += f" ({' '.join(line.strip() for line in detail[:2])})"
-        return WorkerError(group, rank, method, reason)
-    return WorkerError(group, rank, method, f"failed in Ray: {type(error).__name__}: {error}")
 
 
 def wait_all(*futures: GroupFuture, timeout: float | None = None) -> list[list[Any]]:
@@ -133,8 +84,8 @@ def wait_all(*futures: GroupFuture, timeout: float | None = None) -> list[list[A
         failed = next((future._error for future in futures if future._error is not None), None)
         if failed is not None:
             raise _root_cause(futures, failed)
-        if all(len(future._results) == len(future.refs) for future in futures):
-            return [[future._results[i] for i in range(len(future.refs))] for future in futures]
+        if all(call.done for future in futures for call in future.calls):
+            return [[call.value for call in future.calls] for future in futures]
         if remaining == 0.0:
             raise next(future for future in futures if not future.done())._timeout(timeout, reason)
 
@@ -147,68 +98,28 @@ def _root_cause(futures: Sequence[GroupFuture], error: WorkerError) -> WorkerErr
     deadline = time.monotonic() + PEER_DEATH_GRACE_S
     while True:
         dead = [f._error for f in futures if f._error is not None and f._error.cause is None]
-        pending = any(f._error is None and len(f._results) < len(f.refs) for f in futures)
+        pending = any(f._pending() for f in futures)
         if dead or not pending or time.monotonic() > deadline:
             return next((d for d in dead if not isinstance(d, WorkerTimeout)), error)
         _collect(futures, timeout=0.1)
 
 
 def _collect(futures: Sequence[GroupFuture], timeout: float) -> None:
-    """Fetch every result of `futures` that is ready, waiting up to `timeout` for the first one."""
-    served = [future for future in futures if future.served is not None and future._pending()]
-    by_ray = [future for future in futures if future.served is None]
-    if served:
-        for future in served:
-            future._take_replies()
-        pending = [future for future in served if future._pending()]
-        if pending and timeout > 0:
-            ray_pending = any(future._pending() for future in by_ray)
-            mailbox_of = pending[0].served
-            assert mailbox_of is not None
-            mailbox_of.wait(min(timeout, MIXED_POLL_S) if ray_pending else timeout)
-            for future in pending:
-                future._take_replies()
-            if all(future._pending() for future in pending) and not ray_pending:
-                _check_loops(pending)
-        timeout = 0.0
-    _collect_ray(by_ray, timeout)
+    """Settle every pending call of `futures` whose outcome is there, waiting up to `timeout` for the first one.
 
-
-def _check_loops(futures: Sequence[GroupFuture]) -> None:
-    """Fail a served future whose group's loop ended under it (no reply will ever come); checked only when a wait
-    passed with no reply, since it asks Ray."""
+    The calls of one kind (one handle class) are collected together; while several kinds are pending, each kind is
+    told so and only polls or waits briefly, since the driver cannot block on all of them at once."""
+    kinds: dict[type[RankCall], list[RankCall]] = {}
     for future in futures:
-        assert future.served is not None
-        future._error = future.served.failed_loop(future.method)
-
-
-def _collect_ray(futures: Sequence[GroupFuture], timeout: float) -> None:
-    """The Ray-backed part of `_collect`.
-
-    One `ray.wait` over the refs of all of them: a step's calls finish close together, and each Ray call the driver
-    makes between them is time the step waits."""
-    owners = {
-        ref: (future, i)
-        for future in futures
-        if future._error is None
-        for i, ref in enumerate(future.refs)
-        if i not in future._results
-    }
-    if not owners:
-        return
-    ready, _ = ray.wait(list(owners), num_returns=1, timeout=timeout)
-    if ready:
-        ready, _ = ray.wait(list(owners), num_returns=len(owners), timeout=0)
-    errors: dict[GroupFuture, dict[int, RayError]] = {}
-    for ref in ready:  # fetch every ready result, so that no failure goes unretrieved (Ray would log it)
-        future, index = owners[ref]
-        try:
-            future._results[index] = ray.get(ref)
-        except RayError as error:
-            errors.setdefault(future, {})[index] = error
-    for future, failed in errors.items():
-        first = min(failed)
-        future._error = translate_ray_error(future.group, future.ranks[first], future.method, failed[first])
+        if future._error is None:
+            for call in future.calls:
+                if not call.done and call.error is None:
+                    kinds.setdefault(type(call), []).append(call)
+    others_pending = len(kinds) > 1
+    for kind, calls in kinds.items():
+        kind.collect(calls, timeout, others_pending)
+    for future in futures:
+        future._note_failure()
 
 
 def _timeout_and_reason(timeout: float | None, futures: Sequence[GroupFuture]) -> tuple[float | None, str]:

@@ -25,10 +25,10 @@ from rlplace.placement.placement import Placement
 from rlplace.placement.strategies import PlacementStrategy
 from rlplace.scheduler.context import WorkerContext, worker_env
 from rlplace.scheduler.future import GroupFuture, wait_all
+from rlplace.scheduler.transport import CallTransport, RayCalls
 
 if TYPE_CHECKING:
     from rlplace.scheduler.cluster import Cluster
-    from rlplace.scheduler.serving import GroupServing
     from rlplace.scheduler.worker import Worker
 
 GRACEFUL_EXIT_S = 3.0
@@ -50,6 +50,8 @@ _GROUP_ATTRIBUTES = frozenset(
         "terminate",
         "call_timeout_s",
         "serving",
+        "transport",
+        "ray_calls",
     }
 )
 """WorkerGroup's own attributes; a worker method of the same name could not be called through the group."""
@@ -113,7 +115,8 @@ class WorkerGroupSpec:
         cluster.add_group(group)
         ready = [worker.__ray_ready__.remote() for worker in workers]
         deadline = None if cluster.call_timeout_s is None else max(cluster.call_timeout_s, LAUNCH_DEADLINE_MIN_S)
-        return StartingGroup(group, GroupFuture(name, "__init__", range(len(workers)), ready, deadline))
+        init = group.ray_calls.track("__init__", range(len(workers)), ready)
+        return StartingGroup(group, GroupFuture(name, "__init__", init, deadline))
 
 
 @dataclass(frozen=True)
@@ -161,13 +164,21 @@ class WorkerGroup:
         self.placements = placements
         self.workers = workers
         self.terminated = False
-        self.serving: GroupServing | None = None
-        """Set while the group is served (`rlplace.scheduler.serving.serve`): calls go through the mailboxes."""
+        self.ray_calls = RayCalls(name, workers)
+        """The group's default transport: one Ray actor call per rank."""
+        self.transport: CallTransport = self.ray_calls
+        """How calls reach the ranks now: `ray_calls`, or while the group is served (`rlplace.scheduler.serving.serve`)
+        its `ServedCalls`, through the mailboxes."""
         self._methods = methods
 
     @property
     def world_size(self) -> int:
         return len(self.workers)
+
+    @property
+    def serving(self) -> CallTransport | None:
+        """The served transport while the group is served, else None."""
+        return None if self.transport is self.ray_calls else self.transport
 
     def execute_on(self, *ranks: int) -> RankSelection:
         """Address only `ranks`: `group.execute_on(0).save()` calls `save` on rank 0 alone."""
@@ -190,11 +201,7 @@ class WorkerGroup:
             )
         if self.terminated:
             raise RuntimeError(f"group {self.name!r} was terminated; cannot call {method}()")
-        if self.serving is not None:
-            ids = self.serving.send(method, tuple(ranks), args, kwargs)
-            return GroupFuture(self.name, method, ranks, ids, self.call_timeout_s, served=self.serving)
-        refs = [getattr(self.workers[rank], method).remote(*args, **kwargs) for rank in ranks]
-        return GroupFuture(self.name, method, ranks, refs, self.call_timeout_s)
+        return GroupFuture(self.name, method, self.transport.send(method, ranks, args, kwargs), self.call_timeout_s)
 
     def terminate(self, graceful_s: float = GRACEFUL_EXIT_S) -> None:
         """Let every rank finish its current call and exit, then kill those still alive after `graceful_s`."""

@@ -25,6 +25,7 @@ from rlplace.metrics.timeline import Span
 from rlplace.placement.placement import Placement
 from rlplace.scheduler.context import WorkerContext
 from rlplace.scheduler.group import WorkerGroupSpec
+from rlplace.scheduler.serving import serve_calls
 
 if TYPE_CHECKING:
     import torch
@@ -104,8 +105,6 @@ class Worker:
     def _serve(self, channel: Channel) -> None:
         """Run the calls the driver sends this rank through `channel`, answering on it, until told to stop: the one
         long Ray call of a served group (`rlplace.scheduler.serving`)."""
-        from rlplace.scheduler.serving import serve_calls
-
         serve_calls(self, channel)
 
     def init_process_group(self, timeout_s: float = 300.0) -> None:

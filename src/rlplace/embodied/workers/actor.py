@@ -21,10 +21,11 @@ from rlplace.core.pending import load_pending, save_pending
 from rlplace.core.rng import rng_states, set_rng_states
 from rlplace.core.weights import broadcast_weights
 from rlplace.embodied.advantages import compute_advantages
+from rlplace.embodied.algorithms import ALGORITHMS
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.ppo import make_optimizer, minibatch_step, ppo_update, proximal_logprobs
+from rlplace.embodied.ppo import make_optimizer, minibatch_step, proximal_logprobs
 from rlplace.embodied.profile import WARMUP, median_seconds, repeats_for, seconds_of
 from rlplace.embodied.streams import actor_pieces, actor_shard, all_streams
 from rlplace.embodied.trajectory import Trajectory
@@ -108,7 +109,8 @@ class ActorWorker(Worker):
         allreduce, shard = None, None
         if self.world_size > 1:
             allreduce, shard = self._average_grads, self._shard(batch.rewards.shape[0])
-        stats = ppo_update(self.model, self.optimizer, flat, alg, self.generator, allreduce, shard)
+        update = ALGORITHMS[alg.name].load()  # ppo_update for ppo
+        stats = update(self.model, self.optimizer, flat, alg, self.generator, allreduce, shard)
         self.version += 1
         stats["train/lr"] = self.optimizer.param_groups[0]["lr"]
         stats["async/staleness"] = float(step - batch.versions.float().mean())

@@ -10,11 +10,13 @@ from __future__ import annotations
 import operator
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rlplace.core.errors import check
 from rlplace.reasoning.rewards import Reward, exact_match
 
 from .prompts import Problem, Scored, check_batch_request, seeded_rng
+from .registry import ReasoningTaskConfig
 
 OPERATIONS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 """Operator character -> its integer function, in canonical order."""
@@ -125,3 +127,26 @@ class ArithmeticTask(Scored):
         a = rng.randrange(*rng.choice(self._operand_ranges))
         b = rng.randrange(*rng.choice(self._operand_ranges))
         return Problem(prompt=f"{a}{op}{b}=", answer=str(OPERATIONS[op](a, b)))
+
+
+@dataclass
+class ArithmeticTaskConfig(ReasoningTaskConfig):
+    """`task=arithmetic`: problems generated from `data_seed`; difficulty by operand digits and operators."""
+
+    name: str = "arithmetic"
+    min_digits: int = 1
+    """Fewest digits of an operand."""
+    max_digits: int = 2
+    """Most digits of an operand (digits are drawn uniformly in [min_digits, max_digits])."""
+    operations: str = "+-"
+    """The operators to draw from, a subset of `+-*`."""
+
+    def prompt_source(self, reward: Reward) -> ArithmeticTask:
+        return ArithmeticTask(
+            seed=self.data_seed,
+            min_digits=self.min_digits,
+            max_digits=self.max_digits,
+            operations=self.operations,
+            eval_size=self.eval_size,
+            reward=reward,
+        )

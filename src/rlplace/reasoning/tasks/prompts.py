@@ -20,6 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 from rlplace.core.errors import ConfigError, check
 from rlplace.reasoning.rewards import ANSWER_END, Reward, exact_match
 
+from .registry import ReasoningTaskConfig
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -186,3 +188,22 @@ def _answer(value: Any, where: str) -> str:
     if not answer or ANSWER_END in answer:
         raise ConfigError(f'{where}: "answer" must be non-empty and on one line, got {value!r}')
     return answer
+
+
+@dataclass
+class JsonlTaskConfig(ReasoningTaskConfig):
+    """`task=jsonl`: your own problems, `{"prompt": ..., "answer": ...}` lines (`JsonlTask`)."""
+
+    name: str = "jsonl"
+    train_path: str | None = None
+    """`{"prompt": ..., "answer": ...}` lines to train on."""
+    eval_path: str | None = None
+    """Held-out lines; None holds out eval_size lines of train_path."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.train_path is not None, "task.train_path", self.train_path, "a jsonl file for task=jsonl")
+
+    def prompt_source(self, reward: Reward) -> JsonlTask:
+        assert self.train_path is not None, "JsonlTaskConfig refuses a missing train_path"
+        return JsonlTask(self.train_path, self.eval_path, seed=self.data_seed, eval_size=self.eval_size, reward=reward)

@@ -49,7 +49,7 @@ class LLMActorWorker(Worker):
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=alg.lr, weight_decay=0.0)
         self.critic: ValueModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
-        if alg.name == "ppo":
+        if alg.has_critic:
             self.critic = ValueModel.from_pretrained(model_path).to(self.device).train()
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=alg.critic_lr, weight_decay=0.0)
         self.host_copies = HostCopies()

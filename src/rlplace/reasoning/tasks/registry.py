@@ -1,0 +1,60 @@
+"""The reasoning task registry and the schema every task's config section extends (schema per option).
+
+A task is a config dataclass extending `ReasoningTaskConfig` with the fields of that task alone, whose
+`prompt_source` builds its `PromptSource`; `TASKS` maps `task.name` to that dataclass. Its option file starts from
+the dataclass (`defaults: [/schema/task/<name>@_here_]`, registered with Hydra by `rlplace.families.register`), so a
+key another task has is refused while composing, and `task.name` is checked against the registry. Pure Python: the
+CLIs check configs with it before Ray or torch load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rlplace.core.errors import ConfigError, check
+from rlplace.core.registry import Registry
+from rlplace.reasoning.rewards import Reward, reward_function
+
+if TYPE_CHECKING:
+    from .prompts import PromptSource
+
+
+@dataclass
+class ReasoningTaskConfig:
+    """What every reasoning task has: prompts with a reference answer, scored by the task's reward; a held-out split
+    measures accuracy. Each task's own fields live in its subclass (`ArithmeticTaskConfig`, `JsonlTaskConfig`)."""
+
+    name: str = "arithmetic"
+    """A registered task (`TASKS`): `arithmetic` (generated problems) or `jsonl` (your own lines); its option file
+    starts from that task's schema."""
+    reward: str = "exact_match"
+    """How a response is scored against the answer: a registered reward (`rlplace.reasoning.rewards.REWARDS`:
+    `exact_match`) or `package.module:function` for your own `(response, answer) -> float`."""
+    prompts_per_step: int = 32
+    """Prompts per training step; each is answered algorithm.group_size times."""
+    eval_size: int = 200
+    """Problems in the held-out evaluation split."""
+    data_seed: int = 0
+    """Seed of the problem streams, fixed apart from runner.seed so that every run (and the cached pretrained
+    model) sees the same held-out split."""
+
+    def __post_init__(self) -> None:
+        schema = TASKS[self.name]
+        if not isinstance(self, schema):
+            raise ConfigError(
+                f"task.name = {self.name!r} is invalid for a task section typed {type(self).__name__}: the {self.name} "
+                f"task's fields are those of {schema.__name__} (its option file starts from "
+                f"/schema/task/{self.name}@_here_)"
+            )
+        reward_function(self.reward)
+        check(self.prompts_per_step >= 1, "task.prompts_per_step", self.prompts_per_step, "at least 1")
+        check(self.eval_size >= 1, "task.eval_size", self.eval_size, "at least 1")
+
+    def prompt_source(self, reward: Reward) -> PromptSource:
+        """The task's problems, scored by `reward`; its streams are seeded by `data_seed`."""
+        raise NotImplementedError(f"{type(self).__name__} builds no prompt source: register a task's own schema")
+
+
+TASKS: Registry[type[ReasoningTaskConfig]] = Registry("task.name")
+"""`task.name` -> the task's config dataclass (its schema, whose `prompt_source` builds the task)."""

@@ -1,0 +1,184 @@
+"""The Ray session a `Cluster` runs on: starting an embedded local Ray, attaching to a running one, and ending it.
+
+This is the one module that reaches into `ray._private` (Ray's cluster-mode switch, address lookup, accelerator count,
+the started node's session folder and autoscaler monitor): what Ray offers no public API for is kept here, so a Ray
+upgrade that moves it breaks one file. An embedded Ray started here is stopped without leftovers: its processes and
+their children are killed and reaped after `ray.shutdown()`, and its session folder is removed. `Cluster`
+(`cluster.py`) decides which of these to call; it holds the nodes, devices and reservations.
+
+psutil is imported where it is used: Ray vendors it (ray/thirdparty_files, put on sys.path by `import ray`) and
+rlplace does not declare it, so it must be imported after ray, which an import sorter would not keep at the top.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import ray
+import ray._private.ray_constants as ray_constants
+import ray._private.services as services
+from ray._private.accelerators import get_accelerator_manager_for_resource
+
+from rlplace.scheduler.errors import ClusterError
+
+if TYPE_CHECKING:  # for the annotation only: rlplace.core imports the scheduler, never the other way round
+    from rlplace.core.config import ClusterConfig
+
+REAP_S = 5.0
+"""How long `shutdown` waits for the killed leftovers of an embedded Ray to disappear (a process blocked in a system
+call dies only when the call returns)."""
+
+
+def start_local_ray(cfg: ClusterConfig) -> None:
+    """Start a single-node Ray for this process only: loopback address, own namespace, quiet logs.
+
+    Ray replaces 127.0.0.1 by the machine's routable IP on Linux unless its cluster mode is off, which is only
+    read at start-up; it is switched off for the duration of `ray.init`, so nothing listens for other machines.
+    """
+    enable_cluster = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(
+            address="local",
+            include_dashboard=cfg.dashboard,
+            namespace=cfg.namespace or f"rlplace-{uuid.uuid4().hex[:8]}",
+            logging_level=logging.ERROR,
+            _node_ip_address="127.0.0.1",
+        )
+    except Exception as error:
+        raise ClusterError(f"could not start an embedded local Ray: {error}") from error
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = enable_cluster
+
+
+def attach(cfg: ClusterConfig) -> None:
+    """Connect to a running Ray cluster, once its head answers within `cluster.connect_timeout_s`.
+
+    `ray.init` retries an unreachable head forever, so the head's port is first probed with plain TCP until the
+    deadline: an address with nothing listening becomes a clear error instead of a hang.
+    """
+    try:
+        address = services.canonicalize_bootstrap_address(cfg.address)
+        if address is None:
+            raise ConnectionError("no running Ray cluster found (no RAY_ADDRESS, no cluster started by `ray start`)")
+        _wait_for_port(address, cfg.connect_timeout_s)
+        ray.init(address=address, namespace=cfg.namespace, logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise ClusterError(f"cluster.address = {cfg.address!r}: could not attach to a Ray cluster: {error}") from error
+
+
+def _wait_for_port(address: str, timeout: float) -> None:
+    """Return once `host:port` accepts a TCP connection; ConnectionError after `timeout` seconds of trying."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=max(0.1, deadline - time.monotonic())):
+                return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(
+                    f"tried {address} for {timeout:g} s (cluster.connect_timeout_s): {error.strerror or error}"
+                ) from error
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def local_gpus() -> int:
+    """The NVIDIA GPUs Ray would find on this machine (honouring CUDA_VISIBLE_DEVICES), without starting Ray."""
+    manager = get_accelerator_manager_for_resource("GPU")
+    visible = manager.get_current_process_visible_accelerator_ids()
+    found = manager.get_current_node_num_accelerators()
+    return found if visible is None else min(found, len(visible))
+
+
+def disconnect(stop: bool) -> None:
+    """`ray.shutdown()`; when this process started Ray (`stop`), none of its processes is left afterwards, nor its
+    session folder."""
+    if not stop:
+        ray.shutdown()
+        return
+    leftovers = _ray_processes()
+    session = _session_dir()
+    _kill_monitor()
+    ray.shutdown()
+    _kill(leftovers)
+    if session is not None:
+        remove_session(session)
+
+
+def _kill_monitor() -> None:
+    """Kill the autoscaler monitor of the Ray started here before `ray.shutdown()` stops the rest. Ray stops its GCS
+    first, and the monitor then keeps reporting its own termination to the gone GCS until Ray kills it, which delays
+    the shutdown; a single-node Ray has nothing for it to scale or clean up."""
+    node = ray._private.worker.global_worker.node
+    if node is not None:
+        node.kill_monitor(check_alive=False)
+
+
+def _ray_processes() -> list[Any]:
+    """The Ray processes this process started (GCS, raylet, agents) and their children (the workers)."""
+    import psutil  # Ray vendors psutil in ray/thirdparty_files, which `import ray` puts on sys.path
+
+    ray_dir = os.path.dirname(ray.__file__)
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if any(ray_dir in part for part in child.cmdline()):
+                found += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return found
+
+
+def _session_dir() -> str | None:
+    """The folder of the Ray session this process started (logs, sockets), while it runs."""
+    node = ray._private.worker.global_worker.node
+    return None if node is None else node.get_session_dir_path()
+
+
+def remove_session(session: str) -> None:
+    """Delete a stopped session's folder, and Ray's `session_latest` link when it points there: Ray keeps every
+    session's folder under the temp dir forever, a few hundred KB per run."""
+    shutil.rmtree(session, ignore_errors=True)
+    latest = os.path.join(os.path.dirname(session), "session_latest")
+    if os.path.islink(latest) and os.path.realpath(latest) == os.path.realpath(session):
+        os.unlink(latest)
+
+
+def _kill(processes: list[Any]) -> None:
+    """Kill at once those of `processes` (psutil.Process) still alive after `ray.shutdown()`, and wait until they
+    are dead.
+
+    `ray.shutdown()` has given Ray's own processes their graceful exit already. What outlives it are worker
+    processes whose actors were terminated and killed through Ray, and their children: such a worker has nothing
+    left to do but tear down its interpreter, which can take seconds with torch loaded on a busy machine, and Ray's
+    kill does not interrupt that once the actor exited gracefully. No grace period is left to wait for.
+    """
+    import psutil
+
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            continue
+    deadline = time.monotonic() + REAP_S
+    while any(_alive(process) for process in processes) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _alive(process: Any) -> bool:
+    """Whether a psutil.Process still runs. A zombie does not: it is dead and waits only for its parent (often the
+    init process, once Ray's raylet is gone) to collect its exit status, which some init processes do every second
+    or so."""
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,64 @@
+"""The scheduler's modules import each other without a cycle, and without function-local imports that would hide one:
+each module (session, transport, future, serving, group, worker, cluster, ...) can be read and tested after the
+ones it imports. Static checks, no Ray started."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+import grimp
+
+import rlplace.scheduler
+
+SCHEDULER = "rlplace.scheduler"
+TORCH_MODULES = {f"{SCHEDULER}.collective", f"{SCHEDULER}.group_mean"}
+"""Scheduler modules that import torch: `worker.py` imports them on first use, so that a worker process that never
+touches torch (a simulator) does not load it."""
+
+
+def test_the_scheduler_has_no_import_cycle() -> None:
+    """No two scheduler modules reach each other. Imports under `if TYPE_CHECKING:` are annotations, not imports;
+    function-local imports count."""
+    graph = grimp.build_graph("rlplace", exclude_type_checking_imports=True)
+    modules = sorted(m for m in graph.modules if m == SCHEDULER or m.startswith(f"{SCHEDULER}."))
+    assert f"{SCHEDULER}.transport" in modules and f"{SCHEDULER}.session" in modules
+    cycles = [
+        (a, b)
+        for a, b in itertools.combinations(modules, 2)
+        if graph.find_shortest_chain(importer=a, imported=b) and graph.find_shortest_chain(importer=b, imported=a)
+    ]
+    assert cycles == []
+
+
+def test_scheduler_modules_import_each_other_at_the_top() -> None:
+    """A function-local import of a scheduler module is kept only to load torch late (`TORCH_MODULES`)."""
+    local = []
+    for path in sorted(Path(rlplace.scheduler.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        functions = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+        for function in functions:
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(SCHEDULER):
+                    if node.module not in TORCH_MODULES:
+                        local.append(f"{path.name}:{node.lineno} {node.module}")
+    assert local == []
+
+
+def test_only_the_session_module_reaches_into_ray_private() -> None:
+    """What Ray offers no public API for is used in one module, so a Ray upgrade that moves it breaks one file."""
+    folder = Path(rlplace.scheduler.__file__).parent
+    reaching = [path.name for path in sorted(folder.glob("*.py")) if _uses_ray_private(ast.parse(path.read_text()))]
+    assert reaching == ["session.py"]
+
+
+def _uses_ray_private(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ray._private"):
+            return True
+        if isinstance(node, ast.Import) and any(alias.name.startswith("ray._private") for alias in node.names):
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "_private" and getattr(node.value, "id", None) == "ray":
+            return True
+    return False
