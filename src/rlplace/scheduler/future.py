@@ -20,7 +20,7 @@ _POLL_S = 0.5
 """Longest single wait, so a waiting driver still reacts to Ctrl-C promptly."""
 PEER_DEATH_GRACE_S = 5.0
 """How long a call that failed because its channel peer is gone waits for the peer's own call to report the death,
-which is the error to name (Ray notices a dead actor within about a second)."""
+which is the error to name (several times what Ray takes to notice a dead actor, tests/faults measure it)."""
 
 
 class GroupFuture:
