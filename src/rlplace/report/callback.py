@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 
 from rlplace.cli import fail
 from rlplace.report.collect import ReportError
-from rlplace.report.dashboard import log_report, sweep_logging
-from rlplace.report.write import make_report
+from rlplace.report.dashboard import SweepLogging, log_report, sweep_logging
+from rlplace.report.write import Report, make_report
 
 
 def one_line(err: BaseException) -> str:
@@ -36,11 +36,17 @@ class ReportCallback(Callback):
         except Exception as err:
             fail(f"the sweep report of {sweep_dir} could not be written: {one_line(err)}")
         print(f"rlplace: sweep report in {report.path}")
-        if settings is None or settings.backend != "wandb":
-            return
-        try:
-            run = log_report(report, settings)
-        except Exception as err:
-            fail(f"the sweep report in {report.path} could not be logged to wandb: {one_line(err)}")
-        if run is not None:
-            print(f"rlplace: sweep report on wandb in {run} (offline runs upload with `wandb sync`)")
+        publish(report, settings)
+
+
+def publish(report: Report, settings: SweepLogging | None) -> None:
+    """Log `report` to wandb when the sweep's jobs logged there (`settings`), saying where; a failure ends the
+    process with one line and exit code 2."""
+    if settings is None or settings.backend != "wandb":
+        return
+    try:
+        run = log_report(report, settings)
+    except Exception as err:
+        fail(f"the sweep report in {report.path} could not be logged to wandb: {one_line(err)}")
+    if run is not None:
+        print(f"rlplace: sweep report on wandb in {run} (offline runs upload with `wandb sync`)")

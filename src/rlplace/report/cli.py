@@ -11,9 +11,9 @@ import argparse
 from pathlib import Path
 
 from rlplace.cli import fail
-from rlplace.report.callback import one_line
+from rlplace.report.callback import one_line, publish
 from rlplace.report.collect import ReportError
-from rlplace.report.dashboard import log_report, sweep_logging
+from rlplace.report.dashboard import sweep_logging
 from rlplace.report.write import make_report
 
 
@@ -30,14 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     except (ReportError, OSError) as err:
         fail(one_line(err))
     print(f"rlplace: sweep report in {report.path}")
-    if args.no_wandb or settings is None or settings.backend != "wandb":
-        return
-    try:
-        run = log_report(report, settings)
-    except Exception as err:
-        fail(f"the sweep report in {report.path} could not be logged to wandb: {one_line(err)}")
-    if run is not None:
-        print(f"rlplace: sweep report on wandb in {run} (offline runs upload with `wandb sync`)")
+    if not args.no_wandb:
+        publish(report, settings)
 
 
 if __name__ == "__main__":
