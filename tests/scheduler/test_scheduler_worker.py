@@ -370,3 +370,20 @@ def test_a_hung_served_worker_misses_its_deadline(counter: WorkerGroup) -> None:
             assert time.monotonic() - start < 3
         finally:
             os.kill(pid, signal.SIGCONT)
+
+
+def test_a_stopped_process_is_named_rather_than_a_call_waiting_for_it(cluster: Cluster) -> None:
+    # A run's inference worker stopped (SIGSTOP) while the actor broadcasts weights to it: both calls miss the
+    # deadline, and the one to name is the process that does not answer, not the first call waited on.
+    waiting, stopped = _launch(cluster, "waiting"), _launch(cluster, "stopped")
+    assert [pid for _, pid in stopped.processes] == stopped.pid().wait(timeout=30)
+    pid = stopped.processes[1][1]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        message = r"group 'stopped' rank 1: add\(\) did not finish within 2 s \(the caller's timeout; its process is"
+        with pytest.raises(WorkerTimeout, match=message):
+            wait_all(waiting.sleep(60), stopped.add(1), timeout=2)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        waiting.terminate(graceful_s=0)
+        stopped.terminate(graceful_s=0)

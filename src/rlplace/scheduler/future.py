@@ -9,8 +9,10 @@ mailboxes (`serving.py`); `wait_all` waits on futures of both kinds at once.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rlplace.scheduler.errors import ChannelError, WorkerError, WorkerTimeout
@@ -26,7 +28,14 @@ which is the error to name (several times what Ray takes to notice a dead actor,
 class GroupFuture:
     """Results of `method` on `ranks`, in that order: one handle per rank (`calls`), from the group's transport."""
 
-    def __init__(self, group: str, method: str, calls: Sequence[RankCall], deadline_s: float | None = None) -> None:
+    def __init__(
+        self,
+        group: str,
+        method: str,
+        calls: Sequence[RankCall],
+        deadline_s: float | None = None,
+        processes: Sequence[tuple[str, int]] = (),
+    ) -> None:
         self.group = group
         self.method = method
         self.calls = tuple(calls)
@@ -35,6 +44,8 @@ class GroupFuture:
         """How long `wait()` waits when given no timeout (the cluster's hang deadline); None waits for ever."""
         self._error: WorkerError | None = None
         """The first failure found; fixed from then on."""
+        self._processes = processes
+        """Each rank's (host, process id), when the group knows them (`WorkerGroup.processes`)."""
 
     def done(self) -> bool:
         """True once every rank finished, or any rank failed (then `wait()` raises at once)."""
@@ -51,8 +62,19 @@ class GroupFuture:
         return wait_all(self, timeout=timeout)[0]
 
     def _timeout(self, seconds: float, reason: str) -> WorkerTimeout:
+        """The timeout, naming this future's stopped rank if it has one, else its first pending rank."""
         pending = [call.rank for call in self.calls if not call.done]
+        stopped = self._stopped_rank()
+        if stopped is not None:
+            return WorkerTimeout(self.group, stopped, self.method, seconds, f"{reason}; its process is stopped")
         return WorkerTimeout(self.group, pending[0], self.method, seconds, reason)
+
+    def _stopped_rank(self) -> int | None:
+        """A pending rank whose process (on this host) is stopped (SIGSTOP, a debugger), if any."""
+        for call in self.calls:
+            if not call.done and call.rank < len(self._processes) and process_stopped(*self._processes[call.rank]):
+                return call.rank
+        return None
 
     def _pending(self) -> bool:
         return self._error is None and not all(call.done for call in self.calls)
@@ -87,7 +109,11 @@ def wait_all(*futures: GroupFuture, timeout: float | None = None) -> list[list[A
         if all(call.done for future in futures for call in future.calls):
             return [[call.value for call in future.calls] for future in futures]
         if remaining == 0.0:
-            raise next(future for future in futures if not future.done())._timeout(timeout, reason)
+            # A call that waits on a stopped peer (a broadcast to it, a channel it feeds) is pending too: blame the
+            # stopped process, the one that does not answer, before the calls waiting for it.
+            pending = [future for future in futures if not future.done()]
+            stopped = next((future for future in pending if future._stopped_rank() is not None), pending[0])
+            raise stopped._timeout(timeout, reason)
 
 
 def _root_cause(futures: Sequence[GroupFuture], error: WorkerError) -> WorkerError:
@@ -130,3 +156,14 @@ def _timeout_and_reason(timeout: float | None, futures: Sequence[GroupFuture]) -
     if not deadlines:
         return None, ""
     return min(deadlines), "hung, or slower than the hang deadline runner.hang_timeout_s allows"
+
+
+def process_stopped(host: str, pid: int) -> bool:
+    """Whether process `pid` on `host` is stopped; False for another host's process or one that cannot be read."""
+    if host != socket.gethostname():
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] in ("T", "t")

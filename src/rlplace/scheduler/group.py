@@ -52,6 +52,7 @@ _GROUP_ATTRIBUTES = frozenset(
         "serving",
         "transport",
         "ray_calls",
+        "processes",
     }
 )
 """WorkerGroup's own attributes; a worker method of the same name could not be called through the group."""
@@ -113,7 +114,7 @@ class WorkerGroupSpec:
 
         group = WorkerGroup(name, self.worker_cls, placements, workers, methods, cluster.call_timeout_s)
         cluster.add_group(group)
-        ready = [worker.__ray_ready__.remote() for worker in workers]
+        ready = [worker._process.remote() for worker in workers]  # once `__init__` has run
         deadline = None if cluster.call_timeout_s is None else max(cluster.call_timeout_s, LAUNCH_DEADLINE_MIN_S)
         init = group.ray_calls.track("__init__", range(len(workers)), ready)
         return StartingGroup(group, GroupFuture(name, "__init__", init, deadline))
@@ -135,10 +136,12 @@ def wait_started(*starting: StartingGroup) -> list[WorkerGroup]:
     and on Ctrl-C, every one of these groups is torn down, so a failed launch leaves none of them running.
     """
     try:
-        wait_all(*(s.init for s in starting))
+        processes = wait_all(*(s.init for s in starting))
     except BaseException:
         terminate_groups([s.group for s in starting])
         raise
+    for s, found in zip(starting, processes, strict=True):
+        s.group.processes = found
     return [s.group for s in starting]
 
 
@@ -170,6 +173,8 @@ class WorkerGroup:
         """How calls reach the ranks now: `ray_calls`, or while the group is served (`rlplace.scheduler.serving.serve`)
         its `ServedCalls`, through the mailboxes."""
         self._methods = methods
+        self.processes: list[tuple[str, int]] = []
+        """Each rank's (host, process id), known once the group has started (`wait_started`)."""
 
     @property
     def world_size(self) -> int:
@@ -201,7 +206,8 @@ class WorkerGroup:
             )
         if self.terminated:
             raise RuntimeError(f"group {self.name!r} was terminated; cannot call {method}()")
-        return GroupFuture(self.name, method, self.transport.send(method, ranks, args, kwargs), self.call_timeout_s)
+        calls = self.transport.send(method, ranks, args, kwargs)
+        return GroupFuture(self.name, method, calls, self.call_timeout_s, self.processes)
 
     def terminate(self, graceful_s: float = GRACEFUL_EXIT_S) -> None:
         """Let every rank finish its current call and exit, then kill those still alive after `graceful_s`."""

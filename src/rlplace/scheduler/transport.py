@@ -101,7 +101,7 @@ class RayCalls(CallTransport):
         return [RayCall(group, rank, method, getattr(workers[rank], method).remote(*args, **kwargs)) for rank in ranks]
 
     def track(self, method: str, ranks: Sequence[int], refs: Sequence[ray.ObjectRef]) -> list[RankCall]:
-        """Handles for Ray calls made otherwise (an actor's start, `__ray_ready__`), reported as `method`."""
+        """Handles for Ray calls made otherwise (an actor's start, `Worker._process`), reported as `method`."""
         return [RayCall(self.group, rank, method, ref) for rank, ref in zip(ranks, refs, strict=True)]
 
 

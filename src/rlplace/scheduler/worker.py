@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -101,6 +102,11 @@ class Worker:
         return [
             Span(name=name, group=group, rank=rank, start=start, end=start + seconds) for name, start, seconds in spans
         ]
+
+    def _process(self) -> tuple[str, int]:
+        """This rank's host and process id, which the driver reads once the rank has started: a call that misses its
+        deadline is blamed on a rank whose process is stopped, rather than on one waiting for it."""
+        return socket.gethostname(), os.getpid()
 
     def _serve(self, channel: Channel) -> None:
         """Run the calls the driver sends this rank through `channel`, answering on it, until told to stop: the one
