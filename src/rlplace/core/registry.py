@@ -7,6 +7,7 @@ Ray or torch load, so an entry that needs heavy modules imports them in its fact
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar, overload
@@ -61,10 +62,12 @@ class Registry(Generic[T]):
         self[name]
 
 
+@functools.cache
 def load(path: str, key: str = "") -> Any:
-    """The object `path` names as `package.module:attribute`, imported now: how an entry whose code needs torch is
-    registered in a light module and loaded only where it runs. ConfigError in one line (naming `key`, the config key
-    that holds the path, when given) if it cannot be imported."""
+    """The object `path` names as `package.module:attribute`, imported on first use and kept: how an entry whose code
+    needs torch is registered in a light module and loaded only where it runs (every step, at a dict lookup's cost).
+    ConfigError in one line (naming `key`, the config key that holds the path, when given) if it cannot be
+    imported."""
     module_name, colon, attribute = path.partition(":")
     try:
         if not colon or not module_name or not attribute:

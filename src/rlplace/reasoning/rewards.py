@@ -7,11 +7,10 @@ reward worker, evaluation and pretraining all score the same way.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 from rlplace.core.errors import ConfigError
-from rlplace.core.registry import Registry
+from rlplace.core.registry import Registry, load
 
 Reward = Callable[[str, str], float]
 """A reward: the response decoded without special tokens, and the reference answer -> a score (1.0 is right)."""
@@ -33,18 +32,9 @@ def exact_match(response: str, answer: str) -> float:
 
 
 def reward_function(spec: str) -> Reward:
-    """The reward `spec` names: a registered name, or `module:function` (imported here). ConfigError in one line
-    when it is neither."""
-    if ":" not in spec:
-        return REWARDS[spec]
-    module_name, _, attribute = spec.partition(":")
-    try:
-        found = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ConfigError(
-            f"task.reward = {spec!r} cannot be imported ({type(error).__name__}: {error}); valid: "
-            f"{', '.join(REWARDS.names())}, or module:function on the Python path"
-        ) from None
+    """The reward `spec` names: a registered name, or `module:function` (imported by `core.registry.load`).
+    ConfigError in one line when it is neither, or not callable."""
+    found = REWARDS[spec] if ":" not in spec else load(spec, "task.reward")
     if not callable(found):
         raise ConfigError(f"task.reward = {spec!r} is not callable: a reward is a function (response, answer) -> float")
     return found

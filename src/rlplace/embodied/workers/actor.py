@@ -48,6 +48,8 @@ class ActorWorker(Worker):
         self.model = MLPActorCritic(spec.obs_dim, spec.action, cfg.model.hidden_sizes, cfg.model.activation)
         self.model.to(self.device)
         self.optimizer = make_optimizer(self.model, cfg.algorithm.lr)
+        self.update = ALGORITHMS[cfg.algorithm.name].load()
+        """The algorithm's update over this rank's batch (`ppo_update` for ppo)."""
         self.host_copies = HostCopies()
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
         self.version = 0
@@ -109,8 +111,7 @@ class ActorWorker(Worker):
         allreduce, shard = None, None
         if self.world_size > 1:
             allreduce, shard = self._average_grads, self._shard(batch.rewards.shape[0])
-        update = ALGORITHMS[alg.name].load()  # ppo_update for ppo
-        stats = update(self.model, self.optimizer, flat, alg, self.generator, allreduce, shard)
+        stats = self.update(self.model, self.optimizer, flat, alg, self.generator, allreduce, shard)
         self.version += 1
         stats["train/lr"] = self.optimizer.param_groups[0]["lr"]
         stats["async/staleness"] = float(step - batch.versions.float().mean())
