@@ -12,7 +12,6 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from rlplace.scheduler.errors import ChannelError, WorkerError, WorkerTimeout
@@ -159,11 +158,13 @@ def _timeout_and_reason(timeout: float | None, futures: Sequence[GroupFuture]) -
 
 
 def process_stopped(host: str, pid: int) -> bool:
-    """Whether process `pid` on `host` is stopped; False for another host's process or one that cannot be read."""
+    """Whether process `pid` on `host` is stopped (SIGSTOP, a debugger); False for another host's process or one
+    that is gone. psutil, as the session's reaping uses it (Ray vendors it; `import ray` puts it on the path)."""
+    import psutil
+
     if host != socket.gethostname():
         return False
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
         return False
-    return stat.rsplit(")", 1)[-1].split()[0] in ("T", "t")
