@@ -31,7 +31,7 @@ from rlplace.core.errors import ConfigError
 from rlplace.core.launcher import Launcher, RunContext
 from rlplace.core.neighbours import describe, other_embedded_rays
 from rlplace.families import Plan, register, resolve
-from rlplace.metrics import MetricLogger, build_logger, process_uptime_s, summarize
+from rlplace.metrics import MetricLogger, TrackerRun, build_logger, process_uptime_s, summarize
 from rlplace.placement import PlacementError
 from rlplace.scheduler import ClusterError
 
@@ -118,16 +118,16 @@ def run_logger(
     cfg, mode = plan.cfg, plan.placement.mode
     tags = [f"{key}{value}" for key, value in labels.items()]
     wandb = cfg.logger.wandb
-    return build_logger(
-        cfg.logger.backend,
-        run_dir,
+    run = TrackerRun(
         config=resolved_config,
         project=wandb.project,
         name="-".join([mode, *tags, run_dir.name]),
         group=wandb.group,
         tags=[*wandb.tags, plan.family.name, cfg.task.name, mode, *tags],
         mode=wandb.mode,
-        start_step=0 if resume is None else checkpoint.step_of(resume),
+    )
+    return build_logger(
+        cfg.logger.backend, run_dir, run, start_step=0 if resume is None else checkpoint.step_of(resume)
     )
 
 

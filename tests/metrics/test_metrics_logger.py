@@ -10,7 +10,7 @@ import sys
 import pytest
 from tests.wandb_records import final_summary
 
-from rlplace.metrics import JsonlLogger, NullLogger, WandbLogger, build_logger, read_jsonl, summarize
+from rlplace.metrics import JsonlLogger, NullLogger, TrackerRun, WandbLogger, build_logger, read_jsonl, summarize
 from rlplace.metrics.logger import MetricLogger, MultiLogger
 
 
@@ -95,7 +95,7 @@ def test_every_start_in_a_run_folder_continues_one_wandb_run(tmp_path, monkeypat
     monkeypatch.delenv("WANDB_MODE", raising=False)
     ids = []
     for _ in range(2):  # a run, then its resumption in the same folder
-        logger = build_logger("wandb", tmp_path, config={}, project="rlplace-test")
+        logger = build_logger("wandb", tmp_path, TrackerRun(config={}, project="rlplace-test"))
         ids.append(logger.loggers[1].run.id)
         logger.close()
     assert ids[0] == ids[1] == (tmp_path / "wandb_id.txt").read_text()
@@ -105,7 +105,7 @@ def test_every_start_in_a_run_folder_continues_one_wandb_run(tmp_path, monkeypat
 
 def test_build_logger_always_writes_jsonl(tmp_path) -> None:
     for backend in ("jsonl", "none"):
-        logger = build_logger(backend, tmp_path / backend, config={})
+        logger = build_logger(backend, tmp_path / backend, TrackerRun(config={}))
         assert isinstance(logger, MetricLogger)
         logger.log({"time/step": 1.0}, step=0)
         logger.close()
@@ -114,7 +114,7 @@ def test_build_logger_always_writes_jsonl(tmp_path) -> None:
 
 def test_build_logger_refuses_unknown_backend(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"'tensorboard'.*\['wandb', 'jsonl', 'none'\]"):
-        build_logger("tensorboard", tmp_path, config={})
+        build_logger("tensorboard", tmp_path, TrackerRun(config={}))
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
@@ -155,7 +155,7 @@ def test_wandb_summary_holds_summary_jsons_medians_when_the_last_step_generates_
     the medians of summary.json, not the last row."""
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    logger = build_logger("wandb", tmp_path, config={}, project="rlplace-test", mode="offline")
+    logger = build_logger("wandb", tmp_path, TrackerRun(config={}, project="rlplace-test", mode="offline"))
     for step, rate in enumerate([1.0, 1.0, 480.0, 494.0, 500.0, 510.0, 0.0]):
         generated = {"time/generate_rollouts": 0.5} if rate else {}  # the last step generates nothing
         logger.log({"throughput/tokens_per_s": rate, "time/step": 1.0 + step, "train/loss": -step, **generated}, step)

@@ -224,8 +224,8 @@ class WandbConfig:
 @dataclass
 class LoggerConfig:
     backend: str = "wandb"
-    """`wandb`, `jsonl` or `none` (`rlplace.metrics.logger.BACKENDS`, the one table of them: the metrics layer lies
-    below the registries' `core`); metrics.jsonl is written in the run folder in every case."""
+    """A tracker of `rlplace.metrics.logger.BACKENDS` (`wandb`, `jsonl`, `none`); metrics.jsonl is written in the run
+    folder in every case."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def __post_init__(self) -> None:

@@ -13,11 +13,11 @@ import math
 import os
 import statistics
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-BACKENDS = ("wandb", "jsonl", "none")
 WANDB_MODES = ("offline", "online", "disabled")
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -190,19 +190,43 @@ class MultiLogger:
             raise errors[0]
 
 
-def build_logger(
-    backend: str,
-    run_dir: str | os.PathLike[str],
-    *,
-    config: Mapping[str, Any],
-    project: str = "rlplace",
-    name: str | None = None,
-    group: str | None = None,
-    tags: Sequence[str] = (),
-    mode: WandbMode = "offline",
-    start_step: int = 0,
-) -> MetricLogger:
-    """The run's logger: always `run_dir/metrics.jsonl`, plus wandb (files under `run_dir`) for backend "wandb".
+@dataclass(frozen=True)
+class TrackerRun:
+    """What a tracker is told about the run it follows: how it is named, grouped and tagged, and its config."""
+
+    config: Mapping[str, Any]
+    project: str = "rlplace"
+    name: str | None = None
+    group: str | None = None
+    tags: Sequence[str] = ()
+    mode: WandbMode = "offline"
+
+
+Tracker = Callable[[Path, TrackerRun], MetricLogger]
+"""A tracker's factory: the run folder and the run -> the logger that feeds it (beside metrics.jsonl)."""
+
+
+def _wandb(run_dir: Path, run: TrackerRun) -> MetricLogger:
+    return WandbLogger(
+        project=run.project,
+        name=run.name,
+        group=run.group,
+        tags=run.tags,
+        config=run.config,
+        mode=run.mode,
+        dir=run_dir,
+        run_id=_wandb_run_id(run_dir),
+    )
+
+
+BACKENDS: dict[str, Tracker | None] = {"wandb": _wandb, "jsonl": None, "none": None}
+"""`logger.backend` -> the tracker fed beside metrics.jsonl (None: metrics.jsonl alone). A new tracker is one entry
+here: the config's valid names are read from this table. The registry is a plain table because the metrics layer
+lies below `core` and its `Registry`."""
+
+
+def build_logger(backend: str, run_dir: str | os.PathLike[str], run: TrackerRun, start_step: int = 0) -> MetricLogger:
+    """The run's logger: always `run_dir/metrics.jsonl`, plus the tracker `backend` names (files under `run_dir`).
 
     "none" means no external tracker; the jsonl file is still written because reports read it. `start_step` is the
     first step this run logs (a resumed run's checkpoint step): the jsonl history is cut back to it.
@@ -211,23 +235,14 @@ def build_logger(
         raise ValueError(f"unknown logger backend {backend!r}; valid backends: {list(BACKENDS)}")
     run_dir = Path(run_dir)
     jsonl = JsonlLogger(run_dir / METRICS_FILE, start_step)
-    if backend != "wandb":
+    tracker = BACKENDS[backend]
+    if tracker is None:
         return jsonl
     try:
-        wandb_logger = WandbLogger(
-            project=project,
-            name=name,
-            group=group,
-            tags=tags,
-            config=config,
-            mode=mode,
-            dir=run_dir,
-            run_id=_wandb_run_id(run_dir),
-        )
+        return MultiLogger([jsonl, tracker(run_dir, run)])
     except BaseException:
         jsonl.close()
         raise
-    return MultiLogger([jsonl, wandb_logger])
 
 
 def _wandb_run_id(run_dir: Path) -> str:
