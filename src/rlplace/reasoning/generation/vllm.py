@@ -13,8 +13,11 @@ vllm is imported when an engine is built, so this package imports without it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -26,6 +29,19 @@ from .engine import EngineOptions, check_lengths, eos_ids, sequence_seed
 CPU_KV_CACHE_GIB = 1
 """KV cache reserved on CPU: 0.5 M tokens of the tiny LM, ample for a rollout; an explicit size, because vLLM
 would otherwise reserve a share of the whole machine's memory."""
+
+
+@contextmanager
+def _temp_dir(folder: str) -> Iterator[None]:
+    """Python's temp folder is `folder` meanwhile: vLLM's single-process executor rendezvouses through a file store
+    it names in the temp folder (`vllm_dist_<uuid>`) and never deletes. The engine's own folder goes at `close`, or
+    when its process exits (a rollout worker is ended by its group's terminate, which runs exit handlers)."""
+    tempdir = tempfile.tempdir
+    tempfile.tempdir = folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = tempdir
 
 
 @contextmanager
@@ -69,7 +85,9 @@ class VLLMEngine:
             if on_gpu
             else {"kv_cache_memory_bytes": CPU_KV_CACHE_GIB << 30}
         )
-        with _process_state_kept():
+        self.scratch = tempfile.mkdtemp(prefix="rlplace-vllm-")
+        atexit.register(shutil.rmtree, self.scratch, ignore_errors=True)
+        with _process_state_kept(), _temp_dir(self.scratch):
             self.llm = LLM(
                 model=str(model_path),
                 dtype="bfloat16" if on_gpu else "float32",
@@ -135,6 +153,7 @@ class VLLMEngine:
         (a segmentation fault after the last test had passed).
         """
         self.llm.llm_engine.engine_core.shutdown()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def build(model_path: str, device: torch.device, max_model_len: int | None, options: EngineOptions) -> VLLMEngine:
