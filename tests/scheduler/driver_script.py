@@ -1,5 +1,5 @@
 """A driver run in a subprocess by test_scheduler_teardown: it prints the processes its Ray started, then ends the
-way argv[1] says (`exit`, `error`, or `interrupt`: blocking until the test sends SIGINT)."""
+way argv[1] says (`exit`, `error`, or `interrupt` and `kill`: blocking until the test sends SIGINT or SIGKILL)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def main(mode: str) -> None:
         print(json.dumps(started), flush=True)
         if mode == "error":
             raise RuntimeError("the driver failed")
-        if mode == "interrupt":
+        if mode in ("interrupt", "kill"):
             group.sleep(600).wait()
     assert not ray.is_initialized()
 

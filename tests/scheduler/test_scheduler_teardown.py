@@ -1,7 +1,8 @@
-"""Ending a driver normally, by an exception, or by Ctrl-C leaves no Ray process behind.
+"""Ending a driver normally, by an exception, or by Ctrl-C leaves no Ray process behind; what a SIGKILLed driver's
+Ray leaves, the next embedded Ray's start reaps.
 
 Each driver runs in its own subprocess with its own embedded Ray, so this test process's Ray is not involved (it is
-shut down first, leaving the machine to the drivers); the three run at once to share the start-up time.
+shut down first, leaving the machine to the drivers); the four run at once to share the start-up time.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray  # noqa: F401  (puts Ray's vendored psutil on sys.path)
+import ray  # also puts Ray's vendored psutil on sys.path
+
+from rlplace.scheduler.session import reap_orphaned_sessions
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("exit", "error", "interrupt")
+DRIVERS = (*MODES, "kill")
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +34,7 @@ def drivers(no_ray: None) -> Iterator[dict[str, subprocess.Popen[str]]]:
         mode: subprocess.Popen(
             [sys.executable, script, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
         )
-        for mode in MODES
+        for mode in DRIVERS
     }
     yield running
     for process in running.values():
@@ -71,6 +75,23 @@ def test_driver_end_leaves_no_ray_process(drivers: dict[str, subprocess.Popen[st
     assert expected in stderr
     assert (driver.returncode == 0) == (mode == "exit"), stderr
     deadline = time.monotonic() + 10
+    while alive(started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive(started) == []
+
+
+def test_what_a_sigkilled_drivers_ray_leaves_is_reaped_when_the_next_ray_starts(
+    drivers: dict[str, subprocess.Popen[str]],
+) -> None:
+    driver = drivers["kill"]
+    started = json.loads(driver.stdout.readline() or "[]")
+    assert started, driver.stderr.read()
+    driver.kill()
+    driver.wait()
+    (session,) = Path(ray._common.utils.get_default_ray_temp_dir()).glob(f"session_*_{driver.pid}")
+    assert str(session) in reap_orphaned_sessions()  # what start_local_ray does first
+    assert not session.exists()
+    deadline = time.monotonic() + 10  # Ray's dashboard and runtime-env agents would outlive the driver for good
     while alive(started) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert alive(started) == []

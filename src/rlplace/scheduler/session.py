@@ -12,6 +12,7 @@ rlplace does not declare it, so it must be imported after ray, which an import s
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import shutil
@@ -30,6 +31,9 @@ from rlplace.scheduler.errors import ClusterError
 if TYPE_CHECKING:  # for the annotation only: rlplace.core imports the scheduler, never the other way round
     from rlplace.core.config import ClusterConfig
 
+OWNER_FILE = "rlplace_driver.pid"
+"""Written into the session folder of an embedded Ray started here: the driver's pid, so that a later run can tell a
+session whose driver was SIGKILLed (nothing stopped its Ray) from a Ray someone else started and stopped."""
 REAP_S = 5.0
 """How long `shutdown` waits for the killed leftovers of an embedded Ray to disappear (a process blocked in a system
 call dies only when the call returns)."""
@@ -41,6 +45,7 @@ def start_local_ray(cfg: ClusterConfig) -> None:
     Ray replaces 127.0.0.1 by the machine's routable IP on Linux unless its cluster mode is off, which is only
     read at start-up; it is switched off for the duration of `ray.init`, so nothing listens for other machines.
     """
+    reap_orphaned_sessions()
     enable_cluster = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
@@ -55,6 +60,43 @@ def start_local_ray(cfg: ClusterConfig) -> None:
         raise ClusterError(f"could not start an embedded local Ray: {error}") from error
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = enable_cluster
+    with open(os.path.join(_session_dir(), OWNER_FILE), "w") as f:
+        f.write(str(os.getpid()))
+
+
+def reap_orphaned_sessions() -> list[str]:
+    """Stop what the embedded Rays of SIGKILLed rlplace drivers left, and delete their session folders; the folders
+    reaped.
+
+    A killed driver takes its GCS and raylet with it, but Ray's dashboard and runtime-env agents outlive them,
+    re-parented to init, and nothing removes the session folder. Such a session is one whose folder holds
+    `OWNER_FILE` naming a process that no longer runs; its leftovers are the processes with a file open in that
+    folder (the agents keep their logs open there), which the agents' renamed command lines no longer tell.
+    """
+    import psutil
+
+    root = ray._common.utils.get_default_ray_temp_dir()
+    orphaned = []
+    for owner in glob.glob(os.path.join(root, "session_*", OWNER_FILE)):
+        try:
+            pid = int(open(owner).read())
+        except (OSError, ValueError):
+            continue
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            orphaned.append(os.path.dirname(owner))
+    if not orphaned:
+        return []
+    leftovers = []
+    for process in psutil.process_iter():
+        try:
+            if any(f.path.startswith(tuple(f"{folder}/" for folder in orphaned)) for f in process.open_files()):
+                leftovers.append(process)
+        except psutil.Error:  # ended meanwhile, or another user's
+            continue
+    _kill(leftovers)
+    for folder in orphaned:
+        remove_session(folder)
+    return orphaned
 
 
 def attach(cfg: ClusterConfig) -> None:
