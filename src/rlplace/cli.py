@@ -64,7 +64,7 @@ def refuse_sweeps(overrides: list[Override]) -> None:
     as ambiguous in a page of text: one line that says how to give it as one string instead."""
     for override in overrides:
         if override.is_sweep_override():
-            key, value = override.get_key_element(), override.get_value_element_as_str()
+            key, value = override.get_key_element(), ",".join(override.sweep_string_iterator())
             fail(
                 f"{key}={value}: a value with a comma is a sweep, which only a multirun (-m) runs; for one value, "
                 f"quote it: '{key}=\"{value}\"'"

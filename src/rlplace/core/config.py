@@ -297,7 +297,10 @@ def devices_resolver(lo: Any, hi: Any, *, _root_: DictConfig) -> str:
     Placement presets use it so that one preset scales with the chosen cluster: `${devices:0,1/2}` is `0-3` on
     8 devices and `0` on 2. A cluster too small for the preset gets a clear error instead of an empty range.
     """
-    num_devices = int(_root_.cluster.num_nodes) * int(_root_.cluster.num_devices_per_node)
+    nodes, per_node = int(_root_.cluster.num_nodes), int(_root_.cluster.num_devices_per_node)
+    check(nodes >= 1, "cluster.num_nodes", nodes, "at least 1")
+    check(per_node >= 1, "cluster.num_devices_per_node", per_node, "at least 1")
+    num_devices = nodes * per_node
     start = math.floor(Fraction(str(lo)) * num_devices)
     stop = math.floor(Fraction(str(hi)) * num_devices)
     if stop <= start:
