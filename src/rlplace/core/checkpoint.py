@@ -83,7 +83,8 @@ def _read_manifest(folder: Path, where: str) -> dict[str, dict[str, Any]]:
             and isinstance(expected.get("bytes"), int)
             and isinstance(expected.get("sha256"), str)
         ):
-            raise ConfigError(f"{where}: {MANIFEST} has {name!r}: {_short(expected)}, not its size and checksum ({valid})")
+            what = f"{name!r}: {_short(expected)}, not its size and checksum"
+            raise ConfigError(f"{where}: {MANIFEST} has {what} ({valid})")
     return manifest
 
 

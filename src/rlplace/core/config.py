@@ -149,7 +149,9 @@ class PolicyGradientConfig:
         )
         check(self.clip_ratio_high > 0, "algorithm.clip_ratio_high", self.clip_ratio_high, "positive")
         check(self.vf_coef >= 0, "algorithm.vf_coef", self.vf_coef, "0 or more (a negative weight unlearns the critic)")
-        check(self.ent_coef >= 0, "algorithm.ent_coef", self.ent_coef, "0 or more (a negative weight penalises exploring)")
+        check(
+            self.ent_coef >= 0, "algorithm.ent_coef", self.ent_coef, "0 or more (a negative weight punishes exploring)"
+        )
         check(
             self.max_grad_norm > 0,
             "algorithm.max_grad_norm",
