@@ -11,12 +11,14 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import NoReturn
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
@@ -48,6 +50,7 @@ def compose_run(overrides: list[str], with_hydra: bool = False) -> DictConfig:
     without creating a run folder or logging; composition errors exit 2 with one line."""
     register()
     try:
+        refuse_sweeps(OverridesParser.create().parse_overrides(overrides))
         if GlobalHydra.instance().is_initialized():  # inside rlplace-train (a sweep's report callback): our tree
             return compose(config_name="train", overrides=overrides, return_hydra_config=with_hydra)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -56,13 +59,29 @@ def compose_run(overrides: list[str], with_hydra: bool = False) -> DictConfig:
         fail(describe_compose_error(err))
 
 
+def refuse_sweeps(overrides: list[Override]) -> None:
+    """Refuse a value with a comma outside a multirun, which Hydra reads as a sweep (`actor=0,5`) and then refuses
+    as ambiguous in a page of text: one line that says how to give it as one string instead."""
+    for override in overrides:
+        if override.is_sweep_override():
+            key, value = override.get_key_element(), ",".join(override.sweep_string_iterator())
+            fail(
+                f"{key}={value}: a value with a comma is a sweep, which only a multirun (-m) runs; for one value, "
+                f"quote it: '{key}=\"{value}\"'"
+            )
+
+
 def check_writable(key: str, folder: str) -> None:
-    """Refuse an output folder that cannot be created or written (its nearest existing parent decides)."""
+    """Refuse an output folder that cannot be created or written: its nearest existing parent decides, by having a
+    folder made in it (permissions alone do not tell, for root, a read-only mount or /proc)."""
     path = Path(folder).absolute()
     existing = next(parent for parent in (path, *path.parents) if parent.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        what = "is not a folder" if not existing.is_dir() else "is not writable"
-        fail(f"{key} = {folder!r}: cannot write the run's outputs there ({existing} {what})")
+    if not existing.is_dir():
+        fail(f"{key} = {folder!r}: cannot write the run's outputs there ({existing} is not a folder)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rlplace-write-check-", dir=existing))
+    except OSError as err:
+        fail(f"{key} = {folder!r}: cannot write the run's outputs there ({existing}: {err.strerror or err})")
 
 
 HYDRA_ANSWERS = frozenset(
@@ -72,18 +91,23 @@ HYDRA_ANSWERS = frozenset(
 """Flags after which Hydra answers a question or reads another config tree: no run to check up front."""
 
 
-def check_overrides(argv: list[str]) -> None:
+def check_overrides(argv: list[str]) -> DictConfig | None:
     """Compose what `rlplace-train` was given before Hydra does, so that a composition error (an unknown option,
     key or value type) exits 2 with one line instead of Hydra's exit 1 and its multi-line report.
 
-    A multirun's sweeps are checked value by value, each with the other overrides' fixed values.
+    A multirun's sweeps are checked value by value, each with the other overrides' fixed values. Returns a single
+    run's config (with Hydra's section) for the caller to check further; None for a multirun, or for a question to
+    Hydra (`--help`, `--cfg`, ...).
     """
     if any(arg.split("=")[0] in HYDRA_ANSWERS for arg in argv):
-        return
+        return None
+    multirun = any(arg in ("-m", "--multirun") for arg in argv)
     try:
         parsed = OverridesParser.create().parse_overrides([arg for arg in argv if not arg.startswith("-")])
     except HydraException as err:
         fail(describe_compose_error(err))
+    if not multirun:
+        refuse_sweeps(parsed)
     groups = sorted(path.name for path in CONF_DIR.iterdir() if path.is_dir())
     for override in parsed:
         if override.is_delete() and override.key_or_group in groups:
@@ -96,9 +120,10 @@ def check_overrides(argv: list[str]) -> None:
     for override in sweeps:
         for value in override.sweep_string_iterator():
             compose_run([*fixed, f"{override.get_key_element()}={value}"])
-    hydra = compose_run(fixed, with_hydra=True).hydra
-    multirun = any(arg in ("-m", "--multirun") for arg in argv)
+    composed = compose_run(fixed, with_hydra=True)
+    hydra = composed.hydra
     check_writable(*(("hydra.sweep.dir", hydra.sweep.dir) if multirun else ("hydra.run.dir", hydra.run.dir)))
+    return None if multirun else composed
 
 
 def resolve_or_fail(cfg: DictConfig) -> Plan:
@@ -111,14 +136,16 @@ def resolve_or_fail(cfg: DictConfig) -> Plan:
 
 def pretrain_main(argv: list[str] | None = None) -> None:
     """`rlplace-pretrain`: make (or find) the pretrained model of the run that the same overrides describe."""
-    import torch  # imported here, as is the pretraining code: plan and train need neither torch nor transformers
+    plan = resolve_or_fail(compose_run(sys.argv[1:] if argv is None else argv))
+    if plan.family.name != "reasoning":
+        fail(f"task.name = {plan.cfg.task.name!r}: rlplace-pretrain pretrains the LM of a reasoning task")
+    # torch and the pretraining code (transformers) load only now: they take seconds, which a refusal need not wait
+    # for, and plan and train need neither.
+    import torch
 
     from rlplace.reasoning.pretrain import STATS_FILE, pretrained_model_path
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    plan = resolve_or_fail(compose_run(sys.argv[1:] if argv is None else argv))
-    if plan.family.name != "reasoning":
-        fail(f"task.name = {plan.cfg.task.name!r}: rlplace-pretrain pretrains the LM of a reasoning task")
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     try:
         folder = pretrained_model_path(plan.cfg)

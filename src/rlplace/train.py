@@ -224,13 +224,35 @@ def sweep_group(hydra_cfg: Any) -> str:
     return "-".join([name, *Path(hydra_cfg.sweep.dir).parts[-2:]])
 
 
+def check_run(composed: DictConfig) -> None:
+    """Refuse (exit 2, one line) a single run that `run` would refuse, before Hydra makes its folder and logging and
+    before Ray is imported: its config and placement (`resolve`), the checkpoint it resumes (files, manifest and
+    runner state; whether it fits this run is checked by `train`, which needs the family's launcher), and a cluster
+    that cannot hold it (`check_start`: this machine's cores and GPUs, or a Ray head at `cluster.address`)."""
+    run_dir = Path(composed.hydra.run.dir)
+    cfg = OmegaConf.masked_copy(composed, [key for key in composed if key != "hydra"])
+    try:
+        plan = resolve(cfg)
+        resume = checkpoint.resolve_resume(plan.cfg.runner.resume, run_dir / checkpoint.FOLDER)
+        if resume is not None:
+            checkpoint.read_state(resume, plan.family.name)
+        from rlplace.scheduler import check_start  # Ray loads only for a config that passed the rest
+
+        check_start(plan.cfg.cluster, [p for name in plan.placement for p in plan.placement.get_placements(name)])
+    except (ConfigError, PlacementError, ClusterError) as err:
+        fail(str(err))
+
+
 def main() -> None:
-    """`rlplace-train`: the overrides are checked first (bad ones exit 2 with one line), then Hydra runs the job(s).
-    A Ctrl-C that got past the first one (which stops after the step, see `preemption`) ends with one line too."""
-    check_overrides(sys.argv[1:])
+    """`rlplace-train`: the overrides are checked first, and a single run as a whole (`check_run`): bad ones exit 2
+    with one line; then Hydra runs the job(s). A Ctrl-C that got past the first one (which stops after the step, see
+    `preemption`) ends with one line too."""
+    composed = check_overrides(sys.argv[1:])
     given = [arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith("hydra.run.dir=")]
     if given and not any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):
         claim_run_folder(Path(given[-1]))  # before Hydra writes its files into a folder that another run holds
+    if composed is not None:
+        check_run(composed)
     try:
         run()
     except KeyboardInterrupt:

@@ -52,15 +52,9 @@ def commit(tmp: Path) -> Path:
 
 def verify(folder: Path) -> None:
     """Check every file of the manifest: present, of its size, with its checksum; ConfigError naming the first
-    file that is not."""
+    file that is not, or the manifest itself when it is not one (hand-edited, or written by something else)."""
     where = f"runner.resume = {str(folder)!r}"
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: no {MANIFEST} (not an rlplace checkpoint, or written before manifests)") from None
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{where}: {MANIFEST} is unreadable ({err})") from err
-    for name, expected in manifest.items():
+    for name, expected in _read_manifest(folder, where).items():
         path = folder / name
         if not path.is_file():
             raise ConfigError(f"{where}: {name} is missing")
@@ -71,22 +65,68 @@ def verify(folder: Path) -> None:
             raise ConfigError(f"{where}: {name} does not match its checksum in the manifest (corrupted)")
 
 
-def check_identity(folder: Path, family: str, identity: Mapping[str, Any]) -> None:
-    """Refuse (ConfigError, one line) a checkpoint that another task family wrote, or whose `identity` in its
-    STATE_FILE (the config values a resumed run must keep, by config key) differs from this run's `identity`."""
+def _read_manifest(folder: Path, where: str) -> dict[str, dict[str, Any]]:
+    """The manifest as `commit` writes it (file -> {"bytes": int, "sha256": str}), or ConfigError naming the
+    manifest and what is wrong with it."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no {MANIFEST} (not an rlplace checkpoint, or written before manifests)") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{where}: {MANIFEST} is unreadable ({err})") from err
+    valid = 'valid: {"<file>": {"bytes": <int>, "sha256": "<hex>"}, ...}, as rlplace writes it'
+    if not isinstance(manifest, dict) or not manifest:
+        raise ConfigError(f"{where}: {MANIFEST} holds {_short(manifest)}, not a manifest of files ({valid})")
+    for name, expected in manifest.items():
+        if not (
+            isinstance(expected, dict)
+            and isinstance(expected.get("bytes"), int)
+            and isinstance(expected.get("sha256"), str)
+        ):
+            what = f"{name!r}: {_short(expected)}, not its size and checksum"
+            raise ConfigError(f"{where}: {MANIFEST} has {what} ({valid})")
+    return manifest
+
+
+def read_state(folder: Path, family: str) -> dict[str, Any]:
+    """The driver's STATE_FILE of checkpoint `folder`, refused (ConfigError, one line naming the file) unless a run
+    of `family` wrote it: a JSON object with the step it was saved at and the run's `identity`. Checked before
+    anything starts, so that a damaged file is not found half-way through resuming."""
     where = f"runner.resume = {str(folder)!r} is invalid"
     try:
         state = json.loads((folder / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        state = {}
-    if state.get("family") != family:
-        raise ConfigError(f"{where}: not a checkpoint of the {family} family (no {family} state in its {STATE_FILE})")
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: {STATE_FILE} is missing (not a checkpoint of the {family} family)") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{where}: {STATE_FILE} is unreadable ({err})") from err
+    if not isinstance(state, dict) or state.get("family") != family:
+        raise ConfigError(f"{where}: not a checkpoint of the {family} family (no {family} state in {STATE_FILE})")
+    for key, kind in (("step", int), ("identity", dict)):
+        if not isinstance(state.get(key), kind):
+            raise ConfigError(
+                f"{where}: {STATE_FILE} has {key} = {_short(state.get(key))}, not {kind.__name__} "
+                f"(valid: the runner state rlplace writes, with step and identity)"
+            )
+    return state
+
+
+def check_identity(folder: Path, family: str, identity: Mapping[str, Any]) -> None:
+    """Refuse (ConfigError, one line) a checkpoint that another task family wrote, or whose `identity` in its
+    STATE_FILE (the config values a resumed run must keep, by config key) differs from this run's `identity`."""
+    saved_identity = read_state(folder, family)["identity"]
     for key, value in identity.items():
-        saved = state["identity"].get(key)
+        saved = saved_identity.get(key)
         if saved != value:
             raise ConfigError(
-                f"{where}: it was written with {key} = {saved!r}, this run has {value!r} (a resumed run must keep it)"
+                f"runner.resume = {str(folder)!r} is invalid: it was written with {key} = {saved!r}, this run has "
+                f"{value!r} (a resumed run must keep it)"
             )
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A value as JSON, cut to `limit` characters: what a damaged file holds, named in one line."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def latest(root: Path) -> Path | None:

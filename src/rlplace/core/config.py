@@ -136,9 +136,28 @@ class PolicyGradientConfig:
 
     def __post_init__(self) -> None:
         check(self.group_size >= 1, "algorithm.group_size", self.group_size, "at least 1")
+        check(0 <= self.gamma <= 1, "algorithm.gamma", self.gamma, "in [0, 1] (a discount factor)")
+        check(0 <= self.gae_lambda <= 1, "algorithm.gae_lambda", self.gae_lambda, "in [0, 1]")
         check(self.lr > 0, "algorithm.lr", self.lr, "positive")
         check(self.update_epochs >= 1, "algorithm.update_epochs", self.update_epochs, "at least 1")
         check(self.num_minibatches >= 1, "algorithm.num_minibatches", self.num_minibatches, "at least 1")
+        check(
+            0 < self.clip_ratio_low <= 1,
+            "algorithm.clip_ratio_low",
+            self.clip_ratio_low,
+            "in (0, 1] (the ratio's lower clip bound 1 - clip_ratio_low must not be negative)",
+        )
+        check(self.clip_ratio_high > 0, "algorithm.clip_ratio_high", self.clip_ratio_high, "positive")
+        check(self.vf_coef >= 0, "algorithm.vf_coef", self.vf_coef, "0 or more (a negative weight unlearns the critic)")
+        check(
+            self.ent_coef >= 0, "algorithm.ent_coef", self.ent_coef, "0 or more (a negative weight punishes exploring)"
+        )
+        check(
+            self.max_grad_norm > 0,
+            "algorithm.max_grad_norm",
+            self.max_grad_norm,
+            "positive (gradients are scaled to at most this norm; a negative one reverses them)",
+        )
         check_choice("algorithm.off_policy_correction", self.off_policy_correction, ("decoupled", "truncated_is"))
         check(
             self.behaviour_weight_cap is None or self.behaviour_weight_cap >= 1.0,
@@ -202,6 +221,7 @@ class RunnerConfig:
 
     def __post_init__(self) -> None:
         check(self.max_steps >= 1, "runner.max_steps", self.max_steps, "at least 1 (a run with no step trains nothing)")
+        check(self.seed >= 0, "runner.seed", self.seed, "0 or more (numpy and gymnasium take no negative seed)")
         check(self.save_interval >= 0, "runner.save_interval", self.save_interval, "0 (only at the end) or more")
         check(self.eval_interval >= 1, "runner.eval_interval", self.eval_interval, "at least 1")
         check(self.hang_timeout_s > 0, "runner.hang_timeout_s", self.hang_timeout_s, "positive")
@@ -279,7 +299,10 @@ def devices_resolver(lo: Any, hi: Any, *, _root_: DictConfig) -> str:
     Placement presets use it so that one preset scales with the chosen cluster: `${devices:0,1/2}` is `0-3` on
     8 devices and `0` on 2. A cluster too small for the preset gets a clear error instead of an empty range.
     """
-    num_devices = int(_root_.cluster.num_nodes) * int(_root_.cluster.num_devices_per_node)
+    nodes, per_node = int(_root_.cluster.num_nodes), int(_root_.cluster.num_devices_per_node)
+    check(nodes >= 1, "cluster.num_nodes", nodes, "at least 1")
+    check(per_node >= 1, "cluster.num_devices_per_node", per_node, "at least 1")
+    num_devices = nodes * per_node
     start = math.floor(Fraction(str(lo)) * num_devices)
     stop = math.floor(Fraction(str(hi)) * num_devices)
     if stop <= start:

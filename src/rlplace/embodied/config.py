@@ -37,6 +37,12 @@ class EmbodiedTaskConfig:
 
     def __post_init__(self) -> None:
         check(self.total_num_envs >= 1, "task.total_num_envs", self.total_num_envs, "at least 1")
+        check(
+            self.max_episode_steps is None or self.max_episode_steps >= 1,
+            "task.max_episode_steps",
+            self.max_episode_steps,
+            "null (the environment's own cap) or at least 1",
+        )
 
 
 @dataclass

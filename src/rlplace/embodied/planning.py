@@ -36,7 +36,8 @@ from rlplace.embodied.config import COMPONENTS, FAMILY, EmbodiedConfig
 from rlplace.embodied.phases import PHASES
 from rlplace.placement import ComponentPlacement, PlacementError
 from rlplace.placement.cores import device_cores
-from rlplace.planner import Profile, Resources, Work, busiest, load_profile
+from rlplace.planner import Profile, ProfileError, Resources, Work, busiest, load_profile
+from rlplace.planner.profile import DAMAGED, VALID, describe
 from rlplace.scheduler.limits import SMALL_BYTES
 
 DEFAULT_AVERAGE_S = 0.25e-3
@@ -335,8 +336,15 @@ class Ranked:
 
 
 def load_model(profile_dir: str | Path, env_id: str) -> StepModel:
-    """The step model of the profile in `profile_dir`, for runs of `env_id` (ProfileError if it cannot serve them)."""
-    return StepModel(load_profile(profile_dir, FAMILY, env_id))
+    """The step model of the profile in `profile_dir`, for runs of `env_id` (ProfileError if it cannot serve them,
+    also when its files parse but lack what the model reads: a profile is input, perhaps hand-made or cut short)."""
+    profile = load_profile(profile_dir, FAMILY, env_id)
+    try:
+        return StepModel(profile)
+    except DAMAGED as err:
+        raise ProfileError(
+            f"plan.profile = {str(profile_dir)!r}: the profile is incomplete ({describe(err)}){VALID}"
+        ) from err
 
 
 def predict_run(model: StepModel, cfg: EmbodiedConfig, placement: ComponentPlacement) -> Prediction:

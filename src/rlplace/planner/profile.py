@@ -8,9 +8,10 @@ import bisect
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rlplace.metrics.logger import METRICS_FILE, WARMUP_STEPS
 
@@ -19,6 +20,7 @@ from .curve import Curve
 PROFILE_FILE = "profile.json"
 TIMELINE_FILE = "timeline.json"
 GENERATION_SPANS = ("env_step", "rollout_infer")
+T = TypeVar("T")
 
 
 class ProfileError(ValueError):
@@ -52,7 +54,11 @@ def load_profile(folder: str | Path, family: str, task: str) -> Profile:
             f"plan.profile = {str(folder)!r}: no {PROFILE_FILE} there (valid: the folder of a run trained with "
             "runner.profile=true)"
         )
-    data = json.loads(path.read_text())
+    data = _read(folder, PROFILE_FILE, json.loads)
+    if not isinstance(data, dict):
+        raise ProfileError(
+            f"plan.profile = {str(folder)!r}: {PROFILE_FILE} holds {type(data).__name__}, not a profile{VALID}"
+        )
     found = (data.get("family"), data.get("env_id"))
     if found != (family, task):
         raise ProfileError(
@@ -62,11 +68,34 @@ def load_profile(folder: str | Path, family: str, task: str) -> Profile:
     for name in (METRICS_FILE, TIMELINE_FILE):
         if not (folder / name).is_file():
             raise ProfileError(f"plan.profile = {str(folder)!r}: {name} is missing (valid: a whole run folder)")
-    return Profile(folder, data, _phase_medians(folder / METRICS_FILE), _generation_overhead(folder / TIMELINE_FILE))
+    phases = _read(folder, METRICS_FILE, _phase_medians)
+    return Profile(folder, data, phases, _read(folder, TIMELINE_FILE, _generation_overhead))
 
 
-def _phase_medians(path: Path) -> dict[str, float]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+VALID = " (valid: the folder of a run trained with runner.profile=true, as it wrote it)"
+DAMAGED = (OSError, ValueError, LookupError, TypeError, AttributeError)
+"""What reading a damaged or hand-made profile raises: bad JSON, a missing key, a value of the wrong kind."""
+
+
+def describe(err: Exception) -> str:
+    """What is wrong with a profile, from what reading it raised, in a few words on one line."""
+    if isinstance(err, KeyError):
+        return f"no {err.args[0]!r}"
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+def _read(folder: Path, name: str, parse: Callable[[str], T]) -> T:
+    """`parse` of the text of `folder / name`, with what a damaged file raises turned into a ProfileError naming it."""
+    try:
+        return parse((folder / name).read_text())
+    except DAMAGED as err:
+        raise ProfileError(f"plan.profile = {str(folder)!r}: {name} cannot be used ({describe(err)}){VALID}") from err
+
+
+def _phase_medians(text: str) -> dict[str, float]:
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if not rows:
+        raise ValueError("the run logged no step")
     measured = [row for row in rows if row["step"] >= WARMUP_STEPS] or rows
     values: dict[str, list[float]] = defaultdict(list)
     for row in measured:
@@ -76,9 +105,9 @@ def _phase_medians(path: Path) -> dict[str, float]:
     return {key: statistics.median(found) for key, found in values.items()}
 
 
-def _generation_overhead(path: Path) -> float:
+def _generation_overhead(text: str) -> float:
     """Median over measured steps of (first worker span - phase start) + (phase end - last worker span)."""
-    events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    events = [e for e in json.loads(text)["traceEvents"] if e.get("ph") == "X"]
     phases = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == "generate_rollouts")
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] in GENERATION_SPANS)
     starts = [start for start, _ in spans]

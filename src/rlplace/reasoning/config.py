@@ -53,6 +53,8 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         check(self.max_steps >= 1, "model.pretrain.max_steps", self.max_steps, "at least 1")
         check(self.batch_size >= 1, "model.pretrain.batch_size", self.batch_size, "at least 1")
+        check(self.lr > 0, "model.pretrain.lr", self.lr, "positive")
+        check(self.seed >= 0, "model.pretrain.seed", self.seed, "0 or more")
         check(0 < self.target_accuracy <= 1, "model.pretrain.target_accuracy", self.target_accuracy, "in (0, 1]")
         check(self.eval_interval >= 1, "model.pretrain.eval_interval", self.eval_interval, "at least 1")
 
@@ -97,6 +99,7 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
         check_choice("algorithm.kl_type", self.kl_type, ("k1", "k2", "low_var_kl"))
         check_choice("algorithm.loss_agg", self.loss_agg, ("token_mean", "seq_mean_token_mean"))
         check(self.kl_coef >= 0, "algorithm.kl_coef", self.kl_coef, "0 or more")
+        check(self.critic_lr > 0, "algorithm.critic_lr", self.critic_lr, "positive")
         if algorithm.min_group_size > 1:
             check(
                 self.group_size >= algorithm.min_group_size,
@@ -147,6 +150,12 @@ class GenerationConfig(ComponentConfig):
         check(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "at least 1")
         check(self.temperature >= 0, "rollout.temperature", self.temperature, "0 (greedy) or more")
         check(self.micro_batch_prompts >= 1, "rollout.micro_batch_prompts", self.micro_batch_prompts, "at least 1")
+        check(
+            0 < self.gpu_memory_utilization <= 1,
+            "rollout.gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            "in (0, 1] (a share of the device's memory)",
+        )
 
 
 @dataclass

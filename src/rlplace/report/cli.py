@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import NoReturn
 
 from rlplace.cli import fail
 from rlplace.report.callback import one_line, publish
@@ -17,8 +18,15 @@ from rlplace.report.dashboard import sweep_logging
 from rlplace.report.write import make_report
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a wrong command line refused as every rlplace command refuses bad input: one line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message} (usage: {self.format_usage().removeprefix('usage: ').strip()})")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "multirun_dir", type=Path, help="a folder under outputs/multiruns/ holding job folders 0, 1, ..."
     )

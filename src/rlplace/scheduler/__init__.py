@@ -47,7 +47,7 @@ from rlplace.scheduler.timer import timer
 
 if TYPE_CHECKING:
     from rlplace.scheduler.channel import Channel
-    from rlplace.scheduler.cluster import Cluster
+    from rlplace.scheduler.cluster import Cluster, check_start
     from rlplace.scheduler.future import GroupFuture, wait_all
     from rlplace.scheduler.group import StartingGroup, WorkerGroup, WorkerGroupSpec, wait_started
     from rlplace.scheduler.serving import serve
@@ -62,6 +62,7 @@ _MODULE_OF = {
     "WorkerGroup": "group",
     "WorkerGroupSpec": "group",
     "serve": "serving",
+    "check_start": "cluster",
     "wait_all": "future",
     "wait_started": "group",
 }
@@ -78,6 +79,7 @@ __all__ = [
     "WorkerGroup",
     "WorkerGroupSpec",
     "WorkerTimeout",
+    "check_start",
     "serve",
     "timer",
     "wait_all",

@@ -34,7 +34,7 @@ from rlplace.scheduler.errors import ClusterError
 from rlplace.scheduler.group import WorkerGroup, terminate_groups
 from rlplace.scheduler.rendezvous import create_rendezvous
 from rlplace.scheduler.reservation import Bundle, Reservation, cpu_bundles, gpu_bundles, process_share
-from rlplace.scheduler.session import attach, disconnect, local_gpus, start_local_ray
+from rlplace.scheduler.session import attach, disconnect, head_address, local_gpus, start_local_ray
 
 if TYPE_CHECKING:  # for the annotation only: rlplace.core imports the scheduler, never the other way round
     from rlplace.core.config import ClusterConfig
@@ -83,19 +83,7 @@ class Cluster:
         if ray.is_initialized():
             where = "the Ray this process is connected to"
         elif cfg.address is None:
-            if cfg.num_nodes > 1:
-                raise ClusterError(
-                    f"an embedded local Ray has one node, but cluster.num_nodes={cfg.num_nodes}: "
-                    "start a multi-node Ray cluster and set cluster.address"
-                )
-            # Refuse what cannot work before paying for Ray's start: this machine is the whole cluster.
-            if cfg.device_type == "cpu":
-                self._check_load([split_cores(_usable_cores(), cfg.num_devices_per_node, cfg.cpus_per_device)], load)
-            elif (gpus := local_gpus()) < cfg.num_devices_per_node:
-                raise ClusterError(
-                    f"cluster.device_type = 'gpu': cluster.num_devices_per_node = {cfg.num_devices_per_node} GPUs "
-                    f"asked, this machine has {gpus}"
-                )
+            check_start(cfg, placements)  # before paying for Ray's start
             start_local_ray(cfg)
             self._owns_connection = self._started_ray = True
             where = "the embedded local Ray"
@@ -135,17 +123,7 @@ class Cluster:
         return self._device_cores[node_rank][local_device]
 
     def _check_load(self, device_cores: list[list[tuple[int, ...]]], load: Counter[int]) -> None:
-        """Refuse more worker processes on a cpu node than `cluster.max_oversubscription` per core: past that,
-        every process mostly waits for a core and the run measures the machine's scheduler, not a placement."""
-        for node, cores_of_devices in enumerate(device_cores):
-            processes = load[node]
-            cores = len(set().union(*cores_of_devices))
-            if processes > self._max_oversubscription * cores:
-                raise ClusterError(
-                    f"cluster.max_oversubscription = {self._max_oversubscription:g}: the placement puts "
-                    f"{processes} worker processes on node {node}'s {cores} CPU core(s) ({processes / cores:.1f} per "
-                    "core); place fewer processes or devices, or raise cluster.max_oversubscription"
-                )
+        _check_load(device_cores, load, self._max_oversubscription)
 
     def free_port(self, node_rank: int) -> int:
         """A TCP port that is free now on node `node_rank` (for MASTER_PORT)."""
@@ -256,6 +234,48 @@ class Cluster:
         here = ray.get_runtime_context().get_node_id()
         remote = {i: _on_node(_usable_cores, node_id) for i, node_id in enumerate(self.node_ids) if node_id != here}
         return [_usable_cores() if i not in remote else ray.get(remote[i]) for i in range(self.num_nodes)]
+
+
+def check_start(cfg: ClusterConfig, placements: Sequence[Placement] = ()) -> None:
+    """Refuse (ClusterError) what `Cluster(cfg, placements=...)` would refuse before it starts or joins Ray: for an
+    embedded Ray, a cluster this machine cannot be (more nodes than one, more cores or GPUs than it has, more
+    worker processes per core than `cluster.max_oversubscription`); for `cluster.address`, one where no Ray head
+    answers within `cluster.connect_timeout_s`. `rlplace-train` calls it before it logs or starts anything, so that
+    a refusal is its one line."""
+    if ray.is_initialized():
+        return
+    if cfg.address is not None:
+        head_address(cfg)
+        return
+    if cfg.num_nodes > 1:
+        raise ClusterError(
+            f"an embedded local Ray has one node, but cluster.num_nodes={cfg.num_nodes}: "
+            "start a multi-node Ray cluster and set cluster.address"
+        )
+    # This machine is the whole cluster.
+    if cfg.device_type == "cpu":
+        load = Counter(p.node_rank for p in placements)
+        devices = split_cores(_usable_cores(), cfg.num_devices_per_node, cfg.cpus_per_device)
+        _check_load([devices], load, cfg.max_oversubscription)
+    elif (gpus := local_gpus()) < cfg.num_devices_per_node:
+        raise ClusterError(
+            f"cluster.device_type = 'gpu': cluster.num_devices_per_node = {cfg.num_devices_per_node} GPUs "
+            f"asked, this machine has {gpus}"
+        )
+
+
+def _check_load(device_cores: list[list[tuple[int, ...]]], load: Counter[int], max_oversubscription: float) -> None:
+    """Refuse more worker processes on a cpu node than `cluster.max_oversubscription` per core: past that, every
+    process mostly waits for a core and the run measures the machine's scheduler, not a placement."""
+    for node, cores_of_devices in enumerate(device_cores):
+        processes = load[node]
+        cores = len(set().union(*cores_of_devices))
+        if processes > max_oversubscription * cores:
+            raise ClusterError(
+                f"cluster.max_oversubscription = {max_oversubscription:g}: the placement puts {processes} worker "
+                f"processes on node {node}'s {cores} CPU core(s) ({processes / cores:.1f} per core); place fewer "
+                "processes or devices, or raise cluster.max_oversubscription"
+            )
 
 
 def _rank_nodes(where: str, cfg: ClusterConfig) -> list[dict[str, Any]]:

@@ -100,35 +100,69 @@ def reap_orphaned_sessions() -> list[str]:
 
 
 def attach(cfg: ClusterConfig) -> None:
-    """Connect to a running Ray cluster, once its head answers within `cluster.connect_timeout_s`.
-
-    `ray.init` retries an unreachable head forever, so the head's port is first probed with plain TCP until the
-    deadline: an address with nothing listening becomes a clear error instead of a hang.
-    """
+    """Connect to the running Ray cluster at `cluster.address` (`head_address`)."""
+    address = head_address(cfg)
     try:
-        address = services.canonicalize_bootstrap_address(cfg.address)
-        if address is None:
-            raise ConnectionError("no running Ray cluster found (no RAY_ADDRESS, no cluster started by `ray start`)")
-        _wait_for_port(address, cfg.connect_timeout_s)
         ray.init(address=address, namespace=cfg.namespace, logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ClusterError(f"cluster.address = {cfg.address!r}: could not attach to a Ray cluster: {error}") from error
 
 
-def _wait_for_port(address: str, timeout: float) -> None:
-    """Return once `host:port` accepts a TCP connection; ConnectionError after `timeout` seconds of trying."""
+def head_address(cfg: ClusterConfig) -> str:
+    """The address of the Ray head at `cluster.address`, once it answers as one within `cluster.connect_timeout_s`;
+    ClusterError naming the address otherwise.
+
+    `ray.init` retries an unreachable head forever, and one where another service answers for half a minute with a
+    page of warnings, so the head is first probed (`_wait_for_head`): plain TCP until the deadline, then one gRPC
+    handshake, which a Ray head answers and a web server or a database does not.
+    """
+    try:
+        address = services.canonicalize_bootstrap_address(cfg.address)
+        if address is None:
+            raise ConnectionError("no running Ray cluster found (no RAY_ADDRESS, no cluster started by `ray start`)")
+        _wait_for_head(address, cfg.connect_timeout_s)
+    except (ConnectionError, ValueError) as error:
+        raise ClusterError(f"cluster.address = {cfg.address!r}: could not attach to a Ray cluster: {error}") from error
+    return address
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""A gRPC client's first bytes: HTTP/2's connection preface and an empty SETTINGS frame (RFC 9113, 3.4)."""
+HTTP2_SETTINGS = 4
+"""The type of the frame a gRPC server (Ray's GCS) sends first, in the 4th byte of its 9-byte frame header."""
+
+
+def _wait_for_head(address: str, timeout: float) -> None:
+    """Return once `host:port` accepts a TCP connection and answers HTTP/2 as a gRPC server (Ray's GCS) does;
+    ConnectionError after `timeout` seconds of trying, or at once when something else answers there."""
     host, port = address.rsplit(":", 1)
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=max(0.1, deadline - time.monotonic())):
-                return
+            sock = socket.create_connection(
+                (host.strip("[]"), int(port)), timeout=max(0.1, deadline - time.monotonic())
+            )
+            break
         except OSError as error:
             if time.monotonic() >= deadline:
                 raise ConnectionError(
                     f"tried {address} for {timeout:g} s (cluster.connect_timeout_s): {error.strerror or error}"
                 ) from error
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    not_ray = (
+        f"{address} answers, but not as a Ray head (valid: the head's GCS port, 6379 unless `ray start` chose another)"
+    )
+    with sock:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            sock.sendall(HTTP2_PREFACE)
+            reply = sock.recv(9)
+        except TimeoutError:
+            raise ConnectionError(f"{not_ray}: no reply within {timeout:g} s (cluster.connect_timeout_s)") from None
+        except OSError as error:
+            raise ConnectionError(f"{not_ray}: {error.strerror or error}") from error
+    if len(reply) < 4 or reply[3] != HTTP2_SETTINGS:
+        raise ConnectionError(f"{not_ray}: it replied {reply!r} to a gRPC handshake")
 
 
 def local_gpus() -> int:
