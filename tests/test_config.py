@@ -26,6 +26,7 @@ MIN_DEVICES = {
     "disaggregated": 4,
     "reasoning_collocated": 1,
     "reasoning_disaggregated": 4,
+    "reasoning_hybrid": 2,
 }
 CLUSTER_DEVICES = {"local": 2, "local4": 4, "single_gpu": 1, "node8": 8, "multinode": 16}
 # The options a run of each family composes with, besides the one under test (conf/train.yaml's are embodied).
@@ -70,7 +71,7 @@ def test_placement_presets_scale_with_the_cluster(compose_cfg, cluster: str, pla
         # The preset places exactly the family's components.
         assert sorted(HybridComponentPlacement(config).components) == sorted(config.components)
     else:
-        with pytest.raises(ConfigError, match=r"cluster\.component_placement\.\w+: .*device"):
+        with pytest.raises(ConfigError, match=r"cluster\.component_placement\.[\w,]+: .*device"):
             typed(cfg)
 
 
