@@ -20,6 +20,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
@@ -101,13 +102,10 @@ def check_overrides(argv: list[str]) -> DictConfig | None:
     """
     if any(arg.split("=")[0] in HYDRA_ANSWERS for arg in argv):
         return None
-    multirun = any(arg in ("-m", "--multirun") for arg in argv)
     try:
         parsed = OverridesParser.create().parse_overrides([arg for arg in argv if not arg.startswith("-")])
     except HydraException as err:
         fail(describe_compose_error(err))
-    if not multirun:
-        refuse_sweeps(parsed)
     groups = sorted(path.name for path in CONF_DIR.iterdir() if path.is_dir())
     for override in parsed:
         if override.is_delete() and override.key_or_group in groups:
@@ -117,11 +115,15 @@ def check_overrides(argv: list[str]) -> DictConfig | None:
             fail(f"~{group}: a config group cannot be removed, choose one of its options ({group}={options}){hint}")
     fixed = [override.input_line for override in parsed if not override.is_sweep_override()]
     sweeps = [override for override in parsed if override.is_sweep_override()]
+    composed = compose_run(fixed, with_hydra=True)
+    hydra = composed.hydra
+    # A multirun is asked for with -m, or by a preset that sets hydra.mode (sweep=placement_modes).
+    multirun = any(arg in ("-m", "--multirun") for arg in argv) or hydra.mode == RunMode.MULTIRUN
+    if not multirun:
+        refuse_sweeps(sweeps)
     for override in sweeps:
         for value in override.sweep_string_iterator():
             compose_run([*fixed, f"{override.get_key_element()}={value}"])
-    composed = compose_run(fixed, with_hydra=True)
-    hydra = composed.hydra
     check_writable(*(("hydra.sweep.dir", hydra.sweep.dir) if multirun else ("hydra.run.dir", hydra.run.dir)))
     return None if multirun else composed
 

@@ -100,7 +100,7 @@ def read_state(folder: Path, family: str) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         raise ConfigError(f"{where}: {STATE_FILE} is unreadable ({err})") from err
     if not isinstance(state, dict) or state.get("family") != family:
-        raise ConfigError(f"{where}: not a checkpoint of the {family} family (no {family} state in {STATE_FILE})")
+        raise ConfigError(f"{where}: not a checkpoint of the {family} family (no {family} state in its {STATE_FILE})")
     for key, kind in (("step", int), ("identity", dict)):
         if not isinstance(state.get(key), kind):
             raise ConfigError(
