@@ -1,6 +1,7 @@
 """Adding to rlplace as a user would, without touching its code: a gymnasium task is one option file; a reasoning task
-with a reward of its own is one option file naming a function by import path. Each trains for 2 steps on an embedded
-Ray shared by the module's runs (docs/extending.md shows the same files)."""
+scored by a reward of its own is an option file for the task and one for the reward, naming a function in a file of
+the user's. Each trains for 2 steps on an embedded Ray shared by the module's runs (docs/extending.md shows the same
+files)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from rlplace.core.config import ClusterConfig
 from rlplace.core.errors import ConfigError
 from rlplace.families import resolve
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm
-from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.scheduler import Cluster
 from rlplace.train import train
 from tests.reasoning.runs import TINY
@@ -42,11 +42,30 @@ defaults:
   - _self_
 
 name: arithmetic
-reward: tests.custom_reward:last_integer
 operations: "+"
 """
-"""Sums scored by the user's own reward: the last integer of the response must be the answer. The file starts from the
-arithmetic task's own schema, so its fields (operations) are typed and another task's keys are refused."""
+"""Sums: the file starts from the arithmetic task's own schema, so its fields (operations) are typed and another
+task's keys are refused."""
+
+GRADED = """\
+defaults:
+  - /schema/reward/reasoning@_here_
+  - _self_
+
+function: {rewards}:graded
+"""
+"""The user's own reward, a function in a file of theirs returning named scores (`REWARDS_FILE`)."""
+
+REWARDS_FILE = """\
+import re
+
+
+def graded(prompt, response, answer, extra):
+    found = re.findall(r"-?\\d+", response)
+    correct = float(bool(found) and found[-1] == answer)
+    return {"score": correct, "correct": correct, "length": float(len(response))}
+"""
+"""The last integer of the response must be the answer; the response's length is logged too."""
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +75,9 @@ def conf(tmp_path_factory: pytest.TempPathFactory) -> str:
     (folder / "task").mkdir()
     (folder / "task" / "acrobot.yaml").write_text(ACROBOT)
     (folder / "task" / "sums_any_form.yaml").write_text(SUMS_ANY_FORM)
+    (folder / "reward").mkdir()
+    (folder / "my_rewards.py").write_text(REWARDS_FILE)
+    (folder / "reward" / "graded.yaml").write_text(GRADED.format(rewards=folder / "my_rewards.py"))
     return f"hydra.searchpath=[file://{folder}]"
 
 
@@ -88,29 +110,34 @@ def test_a_reasoning_task_with_its_own_reward_is_one_option_file(
     conf: str, shared_ray: None, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     model = build_tiny_lm(tmp_path_factory.mktemp("tiny_lm"), TinyLMShape(num_layers=1, hidden_size=64))
-    overrides = [conf, "experiment=arithmetic_grpo", "task=sums_any_form", *TINY, "model=hf", f"model.path={model}"]
-    plan = resolve(compose_run(overrides))
-    task = make_prompt_source(plan.cfg.task)
-    assert task.score("1+2 makes 3", "3") == 1.0 and task.score("3 or 4", "3") == 0.0  # the user's reward
+    overrides = [conf, "experiment=arithmetic_grpo", "task=sums_any_form", "reward=graded", *TINY, "model=hf"]
+    plan = resolve(compose_run([*overrides, f"model.path={model}"]))
+    reward = plan.cfg.reward_function()
+    assert reward("1+2=", "1+2 makes 3", "3", {}) == {"score": 1.0, "correct": 1.0, "length": 11.0}
+    assert reward("1+2=", "3 or 4", "3", {})["score"] == 0.0
     run_dir = tmp_path_factory.mktemp("run")
-    train(plan, run_dir, resolved_config={})  # its workers import the reward by the same path
+    train(plan, run_dir, resolved_config={})  # its workers load the reward from the same file
     history = rows(run_dir)
     assert [row["step"] for row in history] == [0, 1]
-    assert all(0.0 <= row["rollout/reward"] <= 1.0 and 0.0 <= row["eval/accuracy"] <= 1.0 for row in history)
+    for row in history:  # every named score, as the mean over the step's responses
+        assert 0.0 <= row["rollout/reward"] <= 1.0 and 0.0 <= row["eval/accuracy"] <= 1.0
+        assert row["reward/score"] == pytest.approx(row["rollout/reward"]) == pytest.approx(row["reward/correct"])
+        assert 0.0 <= row["reward/length"] <= 4.0  # rollout.max_new_tokens characters at most
 
 
 @pytest.mark.parametrize(
     ("reward", "message"),
     [
-        ("exact", "task.reward = 'exact' is invalid: valid: exact_match"),
-        ("tests.custom_reward:nothing_here", "task.reward = 'tests.custom_reward:nothing_here' cannot be imported"),
-        ("no_such_module:f", "task.reward = 'no_such_module:f' cannot be imported"),
-        ("tests.custom_reward:re", "task.reward = 'tests.custom_reward:re' is not callable"),
+        ("exact", "reward.function = 'exact' is invalid: valid: exact_match, gsm8k"),
+        ("tests.custom_reward:nothing_here", "reward.function = 'tests.custom_reward:nothing_here' cannot be imported"),
+        ("no_such_module:f", "reward.function = 'no_such_module:f' cannot be imported"),
+        ("tests.custom_reward:re", "reward.function = 'tests.custom_reward:re' is not callable"),
+        ("no/such/file.py:f", "reward.function = 'no/such/file.py:f' cannot be loaded: no such file"),
     ],
 )
 def test_a_reward_that_cannot_be_used_is_refused_in_one_line(reward: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as refused:
-        resolve(compose_run(["experiment=arithmetic_grpo", f"task.reward={reward}"]))
+        resolve(compose_run(["experiment=arithmetic_grpo", f"reward.function={reward}"]))
     assert "\n" not in str(refused.value)
 
 
@@ -133,15 +160,16 @@ def test_each_option_has_its_own_schema_and_names_come_from_the_registries(overr
     assert "\n" not in str(refused.value)
 
 
-def test_the_cli_refuses_a_reward_that_cannot_be_imported_before_ray(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reward", ["tests.custom_reward:nope", "no/such/file.py:f"])
+def test_the_cli_refuses_a_reward_that_cannot_be_imported_before_ray(tmp_path: Path, reward: str) -> None:
     """Exit 2 and one line, from the driver, with nothing started."""
     done = subprocess.run(
-        [sys.executable, "-m", "rlplace.train", "experiment=arithmetic_grpo", "task.reward=tests.custom_reward:nope"],
+        [sys.executable, "-m", "rlplace.train", "experiment=arithmetic_grpo", f"reward.function={reward}"],
         capture_output=True,
         text=True,
         env={**os.environ, "RLPLACE_OUTPUT_DIR": str(tmp_path)},
         timeout=120,
     )
     assert done.returncode == 2, done.stderr
-    errors = [line for line in done.stderr.splitlines() if "task.reward" in line]
-    assert len(errors) == 1 and "cannot be imported" in errors[0]
+    errors = [line for line in done.stderr.splitlines() if "reward.function" in line]
+    assert len(errors) == 1 and "cannot be" in errors[0] and "valid: exact_match" in errors[0]

@@ -46,6 +46,9 @@ class Family:
     launcher: Callable[[], Launcher]
     """Imports and returns the family's launcher (torch and the worker classes load then, not when configs are
     checked)."""
+    own_sections: tuple[str, ...] = ()
+    """Sections of this family alone whose config group's options start from `/schema/<section>/<family>` (the
+    reasoning `reward`); other families' runs leave them unset."""
     option_schemas: Mapping[str, Registry[type]] = field(default_factory=dict)
     """Sections whose options each start from a schema of their own (schema per option): section -> the registry of
     those schemas by name, each an extension of the section's dataclass. Options of the other sections start from
@@ -92,6 +95,7 @@ FAMILIES = (
         reasoning_config.ReasoningConfig,
         reasoning_checks.check_reasoning,
         _reasoning_launcher,
+        own_sections=("reward",),
         option_schemas={"task": REASONING_TASKS},
     ),
 )
@@ -121,6 +125,9 @@ def register() -> None:
                 if taken.setdefault((section, name), node) is not node:
                     raise ValueError(f"/schema/{section}/{name} names two schemas: {taken[section, name]} and {node}")
                 register_schema(section, name, node)
+        hints = get_type_hints(family.schema)
+        for section in family.own_sections:
+            register_schema(section, family.name, hints[section])
 
 
 def family_of(cfg: DictConfig) -> Family:

@@ -25,7 +25,7 @@ from rlplace.reasoning.config import (
 from rlplace.reasoning.models.hf_folder import check_model_folder
 from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
 from rlplace.reasoning.pretrain import STATS_FILE, cache_key, greedy_accuracy, greedy_responses, pretrained_model_path
-from rlplace.reasoning.rewards import exact_match
+from rlplace.reasoning.rewards import exact_match, reward_function
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem
 
@@ -60,7 +60,7 @@ def test_pretrain_writes_a_loadable_folder_and_its_stats(pretrained: tuple[Reaso
     # The saved weights are the trained ones: their greedy accuracy is the one recorded at the last step.
     model, tokenizer = load_causal_lm(folder), load_tokenizer(folder)
     eval_set = make_prompt_source(cfg.task).eval_set()
-    assert greedy_accuracy(model, tokenizer, eval_set, MAX_NEW_TOKENS) == stats["accuracy_after"]
+    assert greedy_accuracy(model, tokenizer, eval_set, MAX_NEW_TOKENS, cfg.reward_function()) == stats["accuracy_after"]
 
 
 def test_sft_loss_goes_down(pretrained: tuple[ReasoningConfig, Path, Path]) -> None:
@@ -87,8 +87,11 @@ def test_cache_key_follows_what_the_weights_depend_on() -> None:
     other_seed = tiny_cfg(seed=1)
     other_task = tiny_cfg()
     other_task.task.data_seed = 3
+    other_reward = tiny_cfg()
+    other_reward.reward.function = "gsm8k"  # pretraining stops on the reward's score
+    same.reward.function = "exact_match"  # the arithmetic task's default, named
     assert cache_key(same) == cache_key(base)
-    assert len({cache_key(base), cache_key(other_seed), cache_key(other_task)}) == 3
+    assert len({cache_key(base), cache_key(other_seed), cache_key(other_task), cache_key(other_reward)}) == 4
 
 
 def greedy_one_by_one(model: torch.nn.Module, tokenizer, prompt: str, max_new_tokens: int) -> str:
@@ -113,13 +116,14 @@ def test_batched_greedy_matches_one_prompt_at_a_time(pretrained: tuple[Reasoning
     prompts = [p.prompt for p in problems]
     expected = [greedy_one_by_one(model, tokenizer, p, MAX_NEW_TOKENS) for p in prompts]
     assert greedy_responses(model, tokenizer, prompts, MAX_NEW_TOKENS, batch_size=3) == expected
-    by_hand = sum(exact_match(r, p.answer) for r, p in zip(expected, problems, strict=True)) / len(problems)
-    assert greedy_accuracy(model, tokenizer, problems, MAX_NEW_TOKENS, batch_size=3) == by_hand
+    by_hand = sum(exact_match(p.prompt, r, p.answer, p.extra) for r, p in zip(expected, problems, strict=True))
+    reward = reward_function("exact_match")
+    assert greedy_accuracy(model, tokenizer, problems, MAX_NEW_TOKENS, reward, batch_size=3) == by_hand / len(problems)
     # Answers equal to the model's own greedy responses are all accepted; answers it never writes, none.
     own = [Problem(p, r.split("\n")[0].strip()) for p, r in zip(prompts, expected, strict=True)]
-    assert greedy_accuracy(model, tokenizer, own, MAX_NEW_TOKENS, batch_size=3) == 1.0
+    assert greedy_accuracy(model, tokenizer, own, MAX_NEW_TOKENS, reward, batch_size=3) == 1.0
     never = [Problem(p, "not a number") for p in prompts]
-    assert greedy_accuracy(model, tokenizer, never, MAX_NEW_TOKENS) == 0.0
+    assert greedy_accuracy(model, tokenizer, never, MAX_NEW_TOKENS, reward) == 0.0
 
 
 def test_model_path_is_used_as_is_when_set(pretrained: tuple[ReasoningConfig, Path, Path], tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from rlplace.reasoning.tasks.prompts import JsonlTask, Problem, PromptSource
     ],
 )
 def test_exact_match_is_exact_match_on_the_first_line(response: str, answer: str, reward: float) -> None:
-    assert exact_match(response, answer) == reward
+    assert exact_match("37+45=", response, answer, {}) == reward
 
 
 def _write(path: Path, lines: list[str]) -> str:

@@ -20,6 +20,7 @@ from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
+from rlplace.reasoning.tasks.prompts import Problem
 from rlplace.reasoning.update import compute_advantages, llm_update
 from tests.data_parallel import ThreadRanks
 
@@ -73,7 +74,7 @@ def _batch(folder, policy, groups: slice = slice(None)) -> SequenceBatch:
         encoded["attention_mask"],
         responses,
         mask,
-        RESPONSES[rows],
+        [Problem(p, r) for p, r in zip(prompts, RESPONSES[rows], strict=True)],  # the responses as answers
         torch.tensor(REWARDS[rows]),
     )
     batch.old_logprobs = response_logprobs(policy, batch)
@@ -240,8 +241,9 @@ def _micro_batches(folder, policy) -> list[SequenceBatch]:
         tokens, mask = torch.zeros(GROUP, width, dtype=torch.long), torch.zeros(GROUP, width, dtype=torch.long)
         for row, response in enumerate(ids):
             tokens[row, : len(response)], mask[row, : len(response)] = torch.tensor(response), 1
+        problems = [Problem(prompt, r) for r in responses]  # the responses as answers
         part = SequenceBatch(
-            index, encoded["input_ids"], encoded["attention_mask"], tokens, mask, responses, torch.tensor(rewards)
+            index, encoded["input_ids"], encoded["attention_mask"], tokens, mask, problems, torch.tensor(rewards)
         )
         part.old_logprobs = response_logprobs(policy, part)
         parts.append(part)

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
+from rlplace.reasoning.tasks.prompts import Problem
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,8 @@ def _batch(folder, prompts: list[str], responses: list[str]) -> SequenceBatch:
     for row, tokens in enumerate(ids):
         responses_t[row, : len(tokens)] = torch.tensor(tokens)
         mask[row, : len(tokens)] = 1
-    return SequenceBatch(0, encoded["input_ids"], encoded["attention_mask"], responses_t, mask, answers=responses)
+    problems = [Problem(p, r) for p, r in zip(prompts, responses, strict=True)]  # the responses as answers
+    return SequenceBatch(0, encoded["input_ids"], encoded["attention_mask"], responses_t, mask, problems)
 
 
 def test_backbone_is_the_causal_lms_without_lm_head(folder):

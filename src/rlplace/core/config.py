@@ -283,7 +283,8 @@ class RunConfig:
 @dataclass
 class TrainSchema(RunConfig):
     """Hydra's primary schema (`train_schema` in rlplace/conf/train.yaml): the shared sections typed here, the family
-    sections typed by the schema their option file starts from; `actor` and `env` are set by placement presets."""
+    sections typed by the schema their option file starts from; `actor` and `env` are set by placement presets, and
+    `reward` (reasoning runs) by its config group."""
 
     task: Any = MISSING
     model: Any = MISSING
@@ -291,6 +292,7 @@ class TrainSchema(RunConfig):
     rollout: Any = MISSING
     actor: Any = None
     env: Any = None
+    reward: Any = None
 
 
 def devices_resolver(lo: Any, hi: Any, *, _root_: DictConfig) -> str:

@@ -8,8 +8,12 @@ Ray or torch load, so an entry that needs heavy modules imports them in its fact
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
 from rlplace.core.errors import ConfigError
@@ -76,3 +80,31 @@ def load(path: str, key: str = "") -> Any:
     except (ImportError, AttributeError, ValueError) as error:
         where = f"{key} = " if key else ""
         raise ConfigError(f"{where}{path!r} cannot be imported ({type(error).__name__}: {error})") from None
+
+
+@functools.cache
+def load_file(path: str, attribute: str, key: str = "") -> Any:
+    """The object `attribute` of the Python file `path` (a user's file that is not part of an installed package),
+    which is executed once as a module of its own (named by a hash of its absolute path, so that two files of the same
+    name do not collide) and kept in `sys.modules`. ConfigError in one line (naming `key`, as `load`) if the file is
+    missing, fails to run, or lacks `attribute`."""
+    file = Path(path).expanduser().absolute()
+    where = f"{key} = {f'{path}:{attribute}'!r}" if key else repr(f"{path}:{attribute}")
+    if not file.is_file():
+        raise ConfigError(f"{where} cannot be loaded: no such file {str(file)!r}")
+    name = f"_rlplace_file_{hashlib.sha256(str(file).encode()).hexdigest()[:12]}"
+    module = sys.modules.get(name)
+    try:
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, file)
+            assert spec is not None and spec.loader is not None, "a .py file always has a source loader"
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+        return getattr(module, attribute)
+    except (ImportError, AttributeError, SyntaxError, OSError) as error:
+        raise ConfigError(f"{where} cannot be loaded ({type(error).__name__}: {error})") from None

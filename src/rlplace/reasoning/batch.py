@@ -9,11 +9,15 @@ response width, whichever worker made it. Fields fill in as the batch moves down
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from .losses import logprobs_from_logits
+
+if TYPE_CHECKING:
+    from .tasks.prompts import Problem
 
 
 @dataclass
@@ -29,17 +33,19 @@ class SequenceBatch:
     """[B, T] response token ids, right-padded with the pad id; T = rollout.max_new_tokens."""
     response_mask: Tensor
     """[B, T] 1 on generated tokens (the EOS that ended a response included)."""
-    answers: list[str]
-    """Reference answer of each row (repeated across a prompt's group)."""
+    problems: list[Problem]
+    """The problem of each row (repeated across a prompt's group): prompt text, reference answer and other fields,
+    what the reward function receives."""
     rewards: Tensor | None = None
-    """[B] verifier rewards (filled by the reward worker)."""
+    """[B] training rewards (filled by the reward worker; the "score" of `rlplace.reasoning.rewards`)."""
     old_logprobs: Tensor | None = None
     """[B, T] log-probs of the responses under the weights that generated them (inference worker); the actor
     replaces them by its own before an asynchronous update (`LLMActorWorker.compute_advantages`)."""
     ref_logprobs: Tensor | None = None
     """[B, T] log-probs under the reference (initial) model, when algorithm.kl_coef > 0 (inference worker)."""
     meta: dict[str, float] = field(default_factory=dict)
-    """Per-micro-batch measurements on its way (e.g. generation seconds), summed by the runner."""
+    """Per-micro-batch measurements on its way (generation seconds, `reward/<name>` sums over the rows), summed by the
+    runner."""
     version: int = 0
     """The weight version that generated it (older than the actor's with runner.max_staleness > 0)."""
 
@@ -69,7 +75,7 @@ class SequenceBatch:
             "version": parts[0].version,  # one step's micro-batches, all from one version
             "prompts": torch.cat([left_pad(p.prompts, 0) for p in parts]),
             "prompt_mask": torch.cat([left_pad(p.prompt_mask, 0) for p in parts]),
-            "answers": [a for p in parts for a in p.answers],
+            "problems": [problem for p in parts for problem in p.problems],
             "meta": {k: sum(p.meta.get(k, 0.0) for p in parts) for k in parts[0].meta},
         }
         for f in fields(SequenceBatch):

@@ -18,6 +18,7 @@ from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
 from rlplace.reasoning.algorithms import ALGORITHMS
 from rlplace.reasoning.generation.backends import BACKENDS
+from rlplace.reasoning.rewards import RewardFunction, absolute, reward_function
 from rlplace.reasoning.tasks import ArithmeticTaskConfig, JsonlTaskConfig, ReasoningTaskConfig
 
 FAMILY = "reasoning"
@@ -33,6 +34,7 @@ __all__ = [
     "ReasoningAlgorithmConfig",
     "ReasoningConfig",
     "ReasoningTaskConfig",
+    "RewardConfig",
 ]
 
 
@@ -159,6 +161,24 @@ class GenerationConfig(ComponentConfig):
 
 
 @dataclass
+class RewardConfig:
+    """How the reward workers score a response (`rlplace.reasoning.rewards`): a section of its own rather than a task
+    field, so that one task's data can be scored in several ways and a scorer's settings have a place."""
+
+    function: str | None = None
+    """A registered reward (`rlplace.reasoning.rewards.REWARDS`: exact_match, gsm8k, boxed, format,
+    gsm8k_with_format, ...), `package.module:function`, or `path/to/file.py:function` (a relative path is from the
+    directory the run starts in; on several nodes the file must be at that path on each); a function receives
+    (prompt, response, answer, extra) and returns a float or a dict of floats with the training reward under "score".
+    None: the task's default (`default_reward` of its schema; arithmetic: exact_match)."""
+
+    def __post_init__(self) -> None:
+        if self.function is not None:
+            reward_function(self.function)  # refused as written, then a file's path kept absolute for the workers
+            self.function = absolute(self.function)
+
+
+@dataclass
 class ReasoningConfig(RunConfig):
     """A whole reasoning run."""
 
@@ -171,3 +191,13 @@ class ReasoningConfig(RunConfig):
     algorithm: ReasoningAlgorithmConfig = field(default_factory=ReasoningAlgorithmConfig)
     rollout: GenerationConfig = field(default_factory=GenerationConfig)
     actor: ComponentConfig = field(default_factory=ComponentConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+
+    @property
+    def reward_name(self) -> str:
+        """`reward.function`, or the task's default reward when it is not set."""
+        return self.task.default_reward if self.reward.function is None else self.reward.function
+
+    def reward_function(self) -> RewardFunction:
+        """The reward every part of the run scores with (the reward workers, evaluation, pretraining)."""
+        return reward_function(self.reward_name)

@@ -31,7 +31,7 @@ from rlplace.core.errors import check
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.hf_folder import check_model_folder
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
-from rlplace.reasoning.rewards import Reward, exact_match
+from rlplace.reasoning.rewards import SCORE, RewardFunction
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem
 
@@ -55,8 +55,11 @@ TASK_KEY_FIELDS = (
 does not have keys as None), so that a cached model stays found; a task's other fields key too, but for
 `PRETRAIN_NEUTRAL_FIELDS`."""
 PRETRAIN_NEUTRAL_FIELDS = ("prompts_per_step",)
-"""Task fields that do not change the pretrained weights. (`reward` does: pretraining stops on the task's score; it
-keys when it is not the default `exact_match`, so that keys made before rewards were configurable stay valid.)"""
+"""Task fields that do not change the pretrained weights."""
+KEYED_REWARD_DEFAULT = "exact_match"
+"""The reward changes the pretrained weights too (pretraining stops on its score), but it keys (as `task.reward`, the
+field it was before it had a section of its own) only when it is not `exact_match`, so that keys made before rewards
+were configurable stay valid."""
 LR_WARMUP_STEPS = 50
 """Linear learning-rate warmup: without it, AdamW's first large steps from a random init stall the loss for longer."""
 MAX_GRAD_NORM = 1.0
@@ -71,8 +74,8 @@ def cache_config(cfg: ReasoningConfig) -> dict[str, Any]:
                 f.name: getattr(cfg.task, f.name)
                 for f in dataclasses.fields(cfg.task)
                 if f.name not in TASK_KEY_FIELDS + PRETRAIN_NEUTRAL_FIELDS
-                and (f.name != "reward" or cfg.task.reward != "exact_match")
             },
+            **({} if cfg.reward_name == KEYED_REWARD_DEFAULT else {"reward": cfg.reward_name}),
         },
         "shape": dataclasses.asdict(TinyLMShape()),
         "pretrain": dataclasses.asdict(cfg.model.pretrain),
@@ -148,6 +151,7 @@ def fine_tune(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
     pre = cfg.model.pretrain
     torch.manual_seed(pre.seed)
     source = make_prompt_source(cfg.task)
+    reward = cfg.reward_function()
     eval_set = source.eval_set()
     tokenizer = load_tokenizer(folder)
     model = load_causal_lm(folder)
@@ -161,7 +165,7 @@ def fine_tune(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
             "step": step,
             "train_loss": sum(train_losses) / len(train_losses) if train_losses else None,
             "eval_loss": sft_loss(model, tokenizer, eval_set),
-            "accuracy": greedy_accuracy(model, tokenizer, eval_set, max_new_tokens, source.score),
+            "accuracy": greedy_accuracy(model, tokenizer, eval_set, max_new_tokens, reward),
             "seconds": round(time.monotonic() - start, 2),
         }
         log.info(
@@ -240,14 +244,15 @@ def greedy_accuracy(
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
     max_new_tokens: int,
-    score: Reward = exact_match,
+    reward: RewardFunction,
     batch_size: int = 256,
 ) -> float:
-    """Mean `score` of the greedy responses (the task's reward): the held-out metric pretraining stops on."""
+    """Mean training reward ("score" of `reward`, the run's) of the greedy responses: the held-out metric pretraining
+    stops on."""
     if not problems:
         raise ValueError("greedy_accuracy needs at least one problem")
     responses = greedy_responses(model, tokenizer, [p.prompt for p in problems], max_new_tokens, batch_size)
-    return sum(score(r, p.answer) for r, p in zip(responses, problems, strict=True)) / len(problems)
+    return sum(scores[SCORE] for scores in reward.scores(problems, responses)) / len(problems)
 
 
 @torch.no_grad()

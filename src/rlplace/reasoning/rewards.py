@@ -1,29 +1,66 @@
-"""Rewards of reasoning tasks: functions `(response, answer) -> float`, registered by name or named by import path.
+"""Rewards of reasoning tasks: functions `(prompt, response, answer, extra) -> float | {name: float}`, registered by
+name, or named by `package.module:function` or `path/to/file.py:function`.
 
-`task.reward` picks one: a registered name (`exact_match`), or `package.module:function` for a user's own, checked on
-the driver (importable, callable) before any worker starts. The task owns its reward (`PromptSource.score`), so the
-reward worker, evaluation and pretraining all score the same way.
+`reward.function` picks one (None: the task's default, `ReasoningTaskConfig.default_reward`), checked on the driver
+(importable, callable) before any worker starts. A reward returns the training reward as a float, or a dict of named
+scores whose `"score"` entry is the training reward and whose every entry is logged per step as `reward/<name>` (a
+float is logged as `reward/score`). Everything that scores (the reward workers, evaluation, pretraining) goes through
+`RewardFunction.__call__`, so they all score, and refuse a malformed result, alike.
+
+The built-ins: `exact_match` (the arithmetic task's), `gsm8k` (the number after the last `####`), `boxed` (the last
+`\\boxed{...}`, compared by math-verify), `format` (the answer ends in one of those two forms), and
+`gsm8k_with_format` / `boxed_with_format` (correctness plus a small format bonus, `with_format`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rlplace.core.errors import ConfigError
-from rlplace.core.registry import Registry, load
+from rlplace.core.registry import Registry, load, load_file
 
-Reward = Callable[[str, str], float]
-"""A reward: the response decoded without special tokens, and the reference answer -> a score (1.0 is right)."""
+if TYPE_CHECKING:
+    from rlplace.reasoning.tasks.prompts import Problem
+
+Reward = Callable[[str, str, str, Mapping[str, Any]], float | Mapping[str, float]]
+"""A reward: the prompt, the response (decoded without special tokens), the reference answer and the problem's other
+fields (`Problem.extra`) -> a score (1.0 is right), or named scores with the training reward under "score"."""
+
+Scores = dict[str, float]
+"""Named scores of one response; "score" is the training reward."""
+
+SCORE = "score"
+"""The entry of a reward's dict that is the training reward (and the name a float reward is logged under)."""
+
+METRIC_PREFIX = "reward/"
+"""A run logs each named score as `reward/<name>`, its mean over the step's responses: the reward workers sum it over
+a micro-batch's rows into `SequenceBatch.meta`, and the runner divides by the rows."""
 
 ANSWER_END = "\n"
 """`exact_match`: a response's answer ends at its first newline. The model's EOS token is dropped when the response is
 decoded without special tokens; anything the model writes after its answer on the same line makes the answer wrong."""
 
-REWARDS: Registry[Reward] = Registry("task.reward")
+MATH_VERIFY_TIMEOUT_S = 5
+"""`boxed`: seconds math-verify may spend parsing one expression and comparing two (sympy can hang on input such as a
+tower of exponents). Its timeout is a SIGALRM, which only the main thread may set: elsewhere it runs without one."""
+
+FORMAT_BONUS = 0.1
+"""`*_with_format`: what a well-formed answer adds to the correctness reward (1.0); small, so that the format is
+learnt early without ever being worth as much as a right answer."""
+
+KEY = "reward.function"
+"""The config key that names a reward."""
+
+REWARDS: Registry[Reward] = Registry(KEY)
 
 
 @REWARDS.register("exact_match")
-def exact_match(response: str, answer: str) -> float:
+def exact_match(prompt: str, response: str, answer: str, extra: Mapping[str, Any]) -> float:
     """1.0 if the response's answer equals `answer`, else 0.0.
 
     The response is cut at its first newline (`ANSWER_END`) and stripped of surrounding whitespace; nothing else is
@@ -31,10 +68,151 @@ def exact_match(response: str, answer: str) -> float:
     return 1.0 if response.split(ANSWER_END, 1)[0].strip() == answer else 0.0
 
 
-def reward_function(spec: str) -> Reward:
-    """The reward `spec` names: a registered name, or `module:function` (imported by `core.registry.load`).
-    ConfigError in one line when it is neither, or not callable."""
-    found = REWARDS[spec] if ":" not in spec else load(spec, "task.reward")
+GSM8K_MARK = "####"
+"""GSM8K's answer marker: a solution ends with `#### <number>`."""
+GSM8K_NUMBER = re.compile(r"\s*(-?\d+(?:\.\d+)?)")
+"""The number right after the marker, once commas and `$` are removed."""
+
+
+def gsm8k_number(text: str) -> str | None:
+    """The number after the last `####` of `text`, normalised (no commas or `$`, no trailing decimal zeros:
+    "$1,234.50" -> "1234.5", "72.0" -> "72"); None without a marker or a number right after it."""
+    _, mark, tail = text.rpartition(GSM8K_MARK)
+    found = GSM8K_NUMBER.match(tail.replace(",", "").replace("$", "")) if mark else None
+    if found is None:
+        return None
+    number = found.group(1)
+    return number.rstrip("0").rstrip(".") if "." in number else number
+
+
+@REWARDS.register("gsm8k")
+def gsm8k(prompt: str, response: str, answer: str, extra: Mapping[str, Any]) -> float:
+    """1.0 if the number after the response's last `####` is the reference's. The reference may be a bare number
+    ("72") or a whole GSM8K solution ending in `#### 72`; both sides are normalised by `gsm8k_number`."""
+    reference = gsm8k_number(answer if GSM8K_MARK in answer else f"{GSM8K_MARK} {answer}")
+    found = gsm8k_number(response)
+    return 1.0 if found is not None and found == (reference or answer.strip()) else 0.0
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` of `text` (braces matched, so `\\boxed{\\frac{1}{2}}` gives
+    `\\frac{1}{2}`); None when there is none or it is not closed."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, first = 0, start + len("\\boxed{")
+    for i in range(first, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth < 0:
+            return text[first:i]
+    return None
+
+
+@REWARDS.register("boxed")
+def boxed(prompt: str, response: str, answer: str, extra: Mapping[str, Any]) -> float:
+    """1.0 if the last `\\boxed{...}` of the response equals the answer mathematically (math-verify: `\\frac{1}{2}`
+    is `0.5`, `1+x` is `x+1`). The answer is read as LaTeX math (`$...$` added), so "0.5" and "\\frac{1}{2}" both
+    work. Unparseable input or a timeout scores 0.0."""
+    content = last_boxed(response)
+    if content is None:
+        return 0.0
+    from math_verify import parse, verify  # sympy: imported where a response is verified, not with the config
+
+    timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    gold = parse(f"${answer}$", parsing_timeout=timeout)
+    found = parse(f"${content}$", parsing_timeout=timeout)
+    return 1.0 if gold and found and verify(gold, found, timeout_seconds=timeout) else 0.0
+
+
+REWARDS.register("math", boxed)
+
+GSM8K_LINE = re.compile(r"####\s*\$?-?[\d,]*\.?\d+\s*")
+"""`format`: a whole line giving a GSM8K answer, `#### 1,234.5` (a `$` and commas allowed, as `gsm8k` reads them)."""
+
+
+@REWARDS.register("format")
+def answer_format(prompt: str, response: str, answer: str, extra: Mapping[str, Any]) -> float:
+    """1.0 when the response's last non-empty line gives its answer in an expected form, a `#### <number>` line or a
+    closed `\\boxed{...}`, whether or not the answer is right; else 0.0."""
+    lines = response.strip().splitlines()
+    last = lines[-1] if lines else ""
+    return 1.0 if GSM8K_LINE.fullmatch(last) or last_boxed(last) is not None else 0.0
+
+
+def with_format(correct: Callable[[str, str, str, Mapping[str, Any]], float], bonus: float = FORMAT_BONUS) -> Reward:
+    """A reward of `correct` (a float reward) plus `bonus` x `format`, as named scores {"score", "correct",
+    "format"}, so that each part is logged (`reward/correct`, `reward/format`). For another weight, bind your own in a
+    module of yours: `my_reward = with_format(gsm8k, bonus=0.2)`, then `reward.function=my_pkg.rewards:my_reward`."""
+
+    def combined(prompt: str, response: str, answer: str, extra: Mapping[str, Any]) -> Scores:
+        right = float(correct(prompt, response, answer, extra))
+        formed = answer_format(prompt, response, answer, extra)
+        return {SCORE: right + bonus * formed, "correct": right, "format": formed}
+
+    return combined
+
+
+REWARDS.register("gsm8k_with_format", with_format(gsm8k))
+REWARDS.register("boxed_with_format", with_format(boxed))
+
+
+@dataclass(frozen=True)
+class RewardFunction:
+    """The reward `reward.function` names, and the one way every part of a run scores a response with it."""
+
+    spec: str
+    """The `reward.function` value it was loaded from (named in errors)."""
+    function: Reward
+
+    def __call__(self, prompt: str, response: str, answer: str, extra: Mapping[str, Any]) -> Scores:
+        """The named scores of `response`: a float reward becomes {"score": it}. TypeError naming `reward.function`
+        when the result is neither a number nor a dict of numbers with a "score" entry."""
+        value = self.function(prompt, response, answer, extra)
+        named = value if isinstance(value, Mapping) else {SCORE: value}
+        if SCORE not in named or not all(isinstance(v, int | float) for v in named.values()):
+            raise TypeError(
+                f"{KEY} = {self.spec!r} returned {value!r}: a reward returns a number, or a dict of numbers "
+                f'whose "{SCORE}" entry is the training reward'
+            )
+        return {name: float(v) for name, v in named.items()}
+
+    def scores(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Scores]:
+        """The named scores of each response to its problem. ValueError naming `reward.function` when two responses
+        get different names: `reward/<name>` is a mean over every response of the step."""
+        scored = [self(p.prompt, r, p.answer, p.extra) for p, r in zip(problems, responses, strict=True)]
+        names = {tuple(s) for s in scored}
+        if len(names) > 1:
+            raise ValueError(
+                f"{KEY} = {self.spec!r} returned different names for different responses "
+                f"({' vs '.join(map(str, sorted(names)))}): every response must get the same ones"
+            )
+        return scored
+
+
+def absolute(spec: str) -> str:
+    """`spec` with a file's path made absolute (against the directory the run starts in), so that every worker loads
+    the same file wherever it runs; other specs unchanged."""
+    path, colon, name = spec.rpartition(":")
+    return f"{Path(path).expanduser().absolute()}:{name}" if colon and path.endswith(".py") else spec
+
+
+def reward_function(spec: str) -> RewardFunction:
+    """The reward `spec` names: a registered name, `package.module:function` (imported by `core.registry.load`) or
+    `path/to/file.py:function` (a file of your own, run by `core.registry.load_file`). ConfigError in one line naming
+    `reward.function`, the value and what is valid when it is none of them, cannot be loaded, or is not callable."""
+    valid = f"valid: {', '.join(REWARDS.names())}, package.module:function or path/to/file.py:function"
+    if ":" not in spec:
+        if spec not in REWARDS:
+            raise ConfigError(f"{KEY} = {spec!r} is invalid: {valid}")
+        return RewardFunction(spec, REWARDS[spec])
+    path, _, name = spec.rpartition(":")
+    try:
+        found = load_file(path, name, KEY) if path.endswith(".py") else load(spec, KEY)
+    except ConfigError as error:
+        raise ConfigError(f"{error}; {valid}") from None
     if not callable(found):
-        raise ConfigError(f"task.reward = {spec!r} is not callable: a reward is a function (response, answer) -> float")
-    return found
+        raise ConfigError(
+            f"{KEY} = {spec!r} is not callable: a reward is a function (prompt, response, answer, extra) -> float "
+            "or dict of floats"
+        )
+    return RewardFunction(spec, found)

@@ -8,8 +8,8 @@ Each step:
                           starting on a micro-batch as soon as it arrives.
   3. compute_advantages   on the actor ranks (GRPO group norm, REINFORCE++, or GAE with the critic)
   4. train                policy (and critic) update, data-parallel over actor ranks
-  5. record               time/*, throughput/*, util/*, train/*, rollout/*, eval/* -> metrics.jsonl, logger
-With runner.max_staleness = K > 0, rollout/* describe the batch trained on (generated K steps earlier) and
+  5. record               time/*, throughput/*, util/*, train/*, rollout/*, reward/*, eval/* -> metrics.jsonl, logger
+With runner.max_staleness = K > 0, rollout/* and reward/* describe the batch trained on (generated K steps earlier) and
 throughput/* the tokens generated during the step. Greedy accuracy on the held-out split is measured before the
 first step, every `runner.eval_interval` steps and after the last; the trained policy is written as a Hugging Face
 folder at the end.
@@ -35,6 +35,7 @@ from rlplace.metrics import TrainingProgress, throughput_metrics
 from rlplace.placement import ComponentPlacement
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.phases import PHASES
+from rlplace.reasoning.rewards import METRIC_PREFIX
 from rlplace.scheduler import Channel, GroupFuture, WorkerGroup, wait_all
 
 PROGRESS_FIELDS = {"eval/accuracy": "accuracy", "rollout/reward": "reward", "throughput/tokens_per_s": "tokens/s"}
@@ -145,8 +146,8 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         return _averaged(per_rank)
 
     def record(self, t0: float, generated: list[Stats], advantages: Stats, trained: Stats) -> dict[str, float]:
-        """rollout/* of the batch trained on (`advantages`' sums), throughput/* of the tokens generated during the
-        step (`generated`: none in the last K steps of an asynchronous run)."""
+        """rollout/* and reward/* of the batch trained on (`advantages`' sums), throughput/* of the tokens generated
+        during the step (`generated`: none in the last K steps of an asynchronous run)."""
         t1 = time.time()
         metrics = self.step_metrics(t0, t1)
         tokens = sum(made["response_tokens"] for made in generated)
@@ -156,6 +157,9 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         metrics.update(self.timeline.utilization(t0, t1))
         metrics.update(trained)
         metrics["rollout/reward"] = advantages["reward_sum"] / advantages["rows"]
+        metrics.update(
+            {name: total / advantages["rows"] for name, total in advantages.items() if name.startswith(METRIC_PREFIX)}
+        )
         metrics["rollout/response_length"] = advantages["response_tokens"] / advantages["rows"]
         metrics["rollout/response_tokens"] = advantages["response_tokens"]
         return metrics
@@ -163,8 +167,8 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
     # --- around the steps ---------------------------------------------------------------------------------------
 
     def evaluate(self, step: int) -> float:
-        """Greedy exact-match accuracy of the actor's current weights on the held-out split (its time is left
-        out of the run's training time)."""
+        """Greedy accuracy (the mean training reward, "score") of the actor's current weights on the held-out split
+        (its time is left out of the run's training time)."""
         start = time.perf_counter()
         self.update_rollout_weights()
         rewards = [r for part in self.rollout.evaluate().wait() for r in part]

@@ -13,9 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlplace.core.errors import check
-from rlplace.reasoning.rewards import Reward, exact_match
 
-from .prompts import Problem, Scored, check_batch_request, seeded_rng
+from .prompts import Problem, check_batch_request, seeded_rng
 from .registry import ReasoningTaskConfig
 
 OPERATIONS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -24,7 +23,7 @@ MAX_DIGITS = 9
 """Operands stay below one billion, so prompts and answers stay short for a small character-level model."""
 
 
-class ArithmeticTask(Scored):
+class ArithmeticTask:
     """Multi-digit addition, subtraction and multiplication of non-negative integers (a `PromptSource`).
 
     Each operand first draws its number of digits uniformly from [min_digits, max_digits], then a uniform integer with
@@ -50,9 +49,7 @@ class ArithmeticTask(Scored):
         max_digits: int = 2,
         operations: str = "+-",
         eval_size: int = 200,
-        reward: Reward = exact_match,
     ) -> None:
-        super().__init__(reward)
         check(
             1 <= min_digits <= MAX_DIGITS,
             "task.min_digits",
@@ -141,12 +138,11 @@ class ArithmeticTaskConfig(ReasoningTaskConfig):
     operations: str = "+-"
     """The operators to draw from, a subset of `+-*`."""
 
-    def prompt_source(self, reward: Reward) -> ArithmeticTask:
+    def prompt_source(self) -> ArithmeticTask:
         return ArithmeticTask(
             seed=self.data_seed,
             min_digits=self.min_digits,
             max_digits=self.max_digits,
             operations=self.operations,
             eval_size=self.eval_size,
-            reward=reward,
         )

@@ -1,7 +1,7 @@
 """Prompt sources for reasoning RL: the problem record, the source protocol, and a task read from JSONL files.
 
 A reasoning run does not step a simulator: each step it asks a `PromptSource` for a batch of problems, the rollout
-group writes a response per prompt, and the source's `score` (its `task.reward`) turns each response into a reward.
+group writes a response per prompt, and the `reward` section's function turns each response into a reward.
 Batches are a pure function
 of (seed, step), drawn from a stream seeded through SHA-256 rather than Python's per-process salted `hash()`, so any
 worker on any node that asks for step `s` gets the same problems, and a resumed run continues where it stopped
@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rlplace.core.errors import ConfigError, check
-from rlplace.reasoning.rewards import ANSWER_END, Reward, exact_match
+from rlplace.reasoning.rewards import ANSWER_END
 
 from .registry import ReasoningTaskConfig
 
@@ -29,6 +30,7 @@ class Problem:
 
     prompt: str
     answer: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -43,20 +45,6 @@ class PromptSource(Protocol):
     def eval_set(self) -> list[Problem]:
         """The held-out problems, the same on every call."""
         ...
-
-    def score(self, response: str, answer: str) -> float:
-        """The reward of `response` (decoded without special tokens) to a problem whose answer is `answer`."""
-        ...
-
-
-class Scored:
-    """A prompt source's `score`: the reward function its `task.reward` names (`rlplace.reasoning.rewards`)."""
-
-    def __init__(self, reward: Reward = exact_match) -> None:
-        self.reward = reward
-
-    def score(self, response: str, answer: str) -> float:
-        return self.reward(response, answer)
 
 
 def seeded_rng(*key: int | str) -> random.Random:
@@ -73,7 +61,7 @@ def check_batch_request(step: int, num_prompts: int) -> None:
         raise ValueError(f"num_prompts = {num_prompts!r} is invalid: at least 0")
 
 
-class JsonlTask(Scored):
+class JsonlTask:
     """Problems read from JSON Lines files, one `{"prompt": ..., "answer": ...}` object per line.
 
     A numeric answer is converted with `str()` (`82` -> "82", `2.5` -> "2.5"; note `3.0` -> "3.0", write "3" for an
@@ -91,10 +79,7 @@ class JsonlTask(Scored):
     `num_prompts` fixed over a run (a changed size re-slices the sequence, still deterministically).
     """
 
-    def __init__(
-        self, train_path: str, eval_path: str | None, seed: int, eval_size: int = 200, reward: Reward = exact_match
-    ) -> None:
-        super().__init__(reward)
+    def __init__(self, train_path: str, eval_path: str | None, seed: int, eval_size: int = 200) -> None:
         self.seed = seed
         problems = read_problems(train_path, "task.train_path")
         if eval_path is None:
@@ -204,6 +189,6 @@ class JsonlTaskConfig(ReasoningTaskConfig):
         super().__post_init__()
         check(self.train_path is not None, "task.train_path", self.train_path, "a jsonl file for task=jsonl")
 
-    def prompt_source(self, reward: Reward) -> JsonlTask:
+    def prompt_source(self) -> JsonlTask:
         assert self.train_path is not None, "JsonlTaskConfig refuses a missing train_path"
-        return JsonlTask(self.train_path, self.eval_path, seed=self.data_seed, eval_size=self.eval_size, reward=reward)
+        return JsonlTask(self.train_path, self.eval_path, seed=self.data_seed, eval_size=self.eval_size)

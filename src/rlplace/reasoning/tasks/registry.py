@@ -10,11 +10,10 @@ CLIs check configs with it before Ray or torch load.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from rlplace.core.errors import ConfigError, check
 from rlplace.core.registry import Registry
-from rlplace.reasoning.rewards import Reward, reward_function
 
 if TYPE_CHECKING:
     from .prompts import PromptSource
@@ -22,15 +21,16 @@ if TYPE_CHECKING:
 
 @dataclass
 class ReasoningTaskConfig:
-    """What every reasoning task has: prompts with a reference answer, scored by the task's reward; a held-out split
-    measures accuracy. Each task's own fields live in its subclass (`ArithmeticTaskConfig`, `JsonlTaskConfig`)."""
+    """What every reasoning task has: prompts with a reference answer; a held-out split measures accuracy. Each task's
+    own fields live in its subclass (`ArithmeticTaskConfig`, `JsonlTaskConfig`). Responses are scored by the `reward`
+    section, which falls back on the task's `default_reward`."""
+
+    default_reward: ClassVar[str] = "exact_match"
+    """The reward a run of this task uses when `reward.function` is not set (a registered name)."""
 
     name: str = "arithmetic"
     """A registered task (`TASKS`): `arithmetic` (generated problems) or `jsonl` (your own lines); its option file
     starts from that task's schema."""
-    reward: str = "exact_match"
-    """How a response is scored against the answer: a registered reward (`rlplace.reasoning.rewards.REWARDS`:
-    `exact_match`) or `package.module:function` for your own `(response, answer) -> float`."""
     prompts_per_step: int = 32
     """Prompts per training step; each is answered algorithm.group_size times."""
     eval_size: int = 200
@@ -47,12 +47,11 @@ class ReasoningTaskConfig:
                 f"task's fields are those of {schema.__name__} (its option file starts from "
                 f"/schema/task/{self.name}@_here_)"
             )
-        reward_function(self.reward)
         check(self.prompts_per_step >= 1, "task.prompts_per_step", self.prompts_per_step, "at least 1")
         check(self.eval_size >= 1, "task.eval_size", self.eval_size, "at least 1")
 
-    def prompt_source(self, reward: Reward) -> PromptSource:
-        """The task's problems, scored by `reward`; its streams are seeded by `data_seed`."""
+    def prompt_source(self) -> PromptSource:
+        """The task's problems; its streams are seeded by `data_seed`."""
         raise NotImplementedError(f"{type(self).__name__} builds no prompt source: register a task's own schema")
 
 

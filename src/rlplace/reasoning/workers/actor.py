@@ -31,6 +31,7 @@ from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
+from rlplace.reasoning.rewards import METRIC_PREFIX
 from rlplace.reasoning.streams import micro_batches_of
 from rlplace.reasoning.update import compute_advantages, llm_update
 from rlplace.scheduler import Channel, Worker, timer
@@ -94,7 +95,7 @@ class LLMActorWorker(Worker):
     def compute_advantages(self) -> dict[str, float]:
         """Take the oldest step received; with runner.max_staleness > 0 its proximal log-probs; values from the
         critic (PPO); then the algorithm's token-level advantages. Returns the sums of the batch's rollout metrics
-        (rows, rewards, response tokens)."""
+        (rows, rewards, response tokens, and each named score of the reward, `reward/<name>`)."""
         assert self.pending, "recv_batch must run first"
         parts = self.pending.popleft()
         self.batch = batch = SequenceBatch.concat(parts)
@@ -114,6 +115,7 @@ class LLMActorWorker(Worker):
             "rows": float(batch.num_rows),
             "reward_sum": float(batch.rewards.sum()),
             "response_tokens": float(batch.response_mask.sum()),
+            **{name: total for name, total in batch.meta.items() if name.startswith(METRIC_PREFIX)},
         }
 
     @timer("training")

@@ -1,4 +1,4 @@
-"""RewardWorker: scores responses with the task's reward (`task.reward`, the function the task's `score` calls too).
+"""RewardWorker: scores responses with the function `reward.function` names (`rlplace.reasoning.rewards`).
 
 It is its own group so that a costly verifier (a code sandbox, a reward model) can be placed like any other
 component; the arithmetic verifier is cheap, and one CPU-side rank is plenty.
@@ -11,7 +11,7 @@ import torch
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.tiny_lm import load_tokenizer
-from rlplace.reasoning.rewards import Reward, reward_function
+from rlplace.reasoning.rewards import METRIC_PREFIX, SCORE, RewardFunction
 from rlplace.reasoning.streams import consumer_key, micro_batches_of
 from rlplace.scheduler import Channel, Worker
 
@@ -21,7 +21,7 @@ class RewardWorker(Worker):
         self.cfg = cfg
         self.inference_world_size = inference_world_size
         self.tokenizer = load_tokenizer(model_path)
-        self.reward = reward_function(cfg.task.reward)  # not the task's problems: scoring needs none of them
+        self.reward = cfg.reward_function()  # not the task's problems: the batch carries its own
 
     def compute_rewards(self, num_micro_batches: int, inbox: Channel, out: Channel) -> int:
         """Score this rank's micro-batches of the step as they arrive on `inbox` and pass them on through `out`;
@@ -30,12 +30,16 @@ class RewardWorker(Worker):
         for _ in mine:
             batch: SequenceBatch = inbox.get(key=f"reward{self.rank}")
             with self.span("reward"):
-                batch.rewards = score(self.reward, self.tokenizer, batch)
+                score(self.reward, self.tokenizer, batch)
             out.put(batch, key=consumer_key("inference", batch.index, self.inference_world_size))
         return len(mine)
 
 
-def score(reward: Reward, tokenizer, batch: SequenceBatch) -> torch.Tensor:
-    """[B] float rewards: `reward` of each decoded response."""
+def score(reward: RewardFunction, tokenizer, batch: SequenceBatch) -> None:
+    """Fill `batch.rewards` ([B], the "score" of each decoded response) and the sums of every named score over the
+    rows (`batch.meta["reward/<name>"]`)."""
     texts = tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
-    return torch.tensor([reward(text, answer) for text, answer in zip(texts, batch.answers, strict=True)])
+    scores = reward.scores(batch.problems, texts)
+    batch.rewards = torch.tensor([s[SCORE] for s in scores])
+    for name in scores[0]:
+        batch.meta[METRIC_PREFIX + name] = sum(s[name] for s in scores)

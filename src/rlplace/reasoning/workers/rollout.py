@@ -18,6 +18,7 @@ from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
 from rlplace.reasoning.models.tiny_lm import load_tokenizer
+from rlplace.reasoning.rewards import SCORE
 from rlplace.reasoning.streams import consumer_key, micro_batches_of
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem
@@ -36,6 +37,7 @@ class LLMRolloutWorker(Worker):
         )
         self.engine = make_engine(cfg.rollout.backend, model_path, self.device, options=options)
         self.source = make_prompt_source(cfg.task)
+        self.reward = cfg.reward_function()
         self.version = 0
         """The initial weights are the model folder's, as the actor's are: version 0."""
 
@@ -84,18 +86,18 @@ class LLMRolloutWorker(Worker):
             temperature=temperature,
             seed=self.cfg.runner.seed,
         )
-        return pack(index, prompts, responses, [p.answer for p in problems], self.cfg.rollout.max_new_tokens)
+        return pack(index, prompts, responses, problems, self.cfg.rollout.max_new_tokens)
 
     @timer("evaluate")
     def evaluate(self) -> list[float]:
-        """Greedy answers to this rank's share of the held-out split; returns their rewards."""
+        """Greedy answers to this rank's share of the held-out split; returns their rewards (the "score")."""
         problems = self.source.eval_set()[self.rank :: self.world_size]
         rewards = []
         for start in range(0, len(problems), 256):
             chunk = problems[start : start + 256]
             batch = self._generate(0, chunk, list(range(len(chunk))), temperature=0.0)
             texts = self.tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
-            rewards.extend(self.source.score(text, p.answer) for text, p in zip(texts, chunk, strict=True))
+            rewards.extend(scores[SCORE] for scores in self.reward.scores(chunk, texts))
         return rewards
 
     @timer("offload")
@@ -108,7 +110,7 @@ class LLMRolloutWorker(Worker):
 
 
 def pack(
-    index: int, prompts: list[list[int]], responses: list[list[int]], answers: list[str], width: int
+    index: int, prompts: list[list[int]], responses: list[list[int]], problems: list[Problem], width: int
 ) -> SequenceBatch:
     """Prompts left-padded to their longest, responses right-padded to `width` (pad id 0), with their masks."""
     prompt_width = max(len(p) for p in prompts)
@@ -123,4 +125,4 @@ def pack(
         response = response[:width]
         response_ids[i, : len(response)] = torch.tensor(response, dtype=torch.long)
         response_mask[i, : len(response)] = 1
-    return SequenceBatch(index, prompt_ids, prompt_mask, response_ids, response_mask, answers)
+    return SequenceBatch(index, prompt_ids, prompt_mask, response_ids, response_mask, problems)

@@ -1,0 +1,188 @@
+"""The built-in rewards on worked examples, the one scoring function every part of a run uses, and how a reward is
+named (registered, by import path, by file path) or refused in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlplace.core.errors import ConfigError
+from rlplace.reasoning.rewards import (
+    REWARDS,
+    RewardFunction,
+    absolute,
+    answer_format,
+    boxed,
+    gsm8k,
+    gsm8k_number,
+    last_boxed,
+    reward_function,
+)
+from rlplace.reasoning.tasks.prompts import Problem
+
+GSM8K_SOLUTION = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
+
+
+def score(reward, response: str, answer: str) -> float:
+    return reward("How many clips?", response, answer, {})
+
+
+@pytest.mark.parametrize(
+    ("response", "answer", "expected"),
+    [
+        ("She sold 72 clips.\n#### 72", "72", 1.0),
+        ("#### 72", "72", 1.0),
+        ("#### 72", GSM8K_SOLUTION, 1.0),  # the reference may be a whole GSM8K solution: its last `####` counts
+        ("#### 1,234", "1234", 1.0),
+        ("#### $72.00", "72", 1.0),
+        ("#### 72.0", "#### 72", 1.0),
+        ("#### 72.5", "72.50", 1.0),
+        ("#### -3", "-3", 1.0),
+        ("#### 7 then #### 72", "72", 1.0),  # the last marker wins
+        ("#### 72 then #### 7", "72", 0.0),
+        ("#### 73", "72", 0.0),
+        ("72", "72", 0.0),  # no marker, no answer
+        ("####", "72", 0.0),
+        ("\\boxed{72}", "72", 0.0),
+    ],
+)
+def test_gsm8k_reads_the_number_after_the_last_marker(response: str, answer: str, expected: float) -> None:
+    assert score(gsm8k, response, answer) == expected
+
+
+def test_gsm8k_number_normalises_commas_dollars_and_trailing_zeros() -> None:
+    assert [gsm8k_number(t) for t in ("#### $1,234.50", "#### 72.0", "#### 0.0", "x #### 5 apples", "none")] == [
+        "1234.5",
+        "72",
+        "0",
+        "5",
+        None,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("response", "answer", "expected"),
+    [
+        ("\\boxed{72}", "72", 1.0),
+        ("So the answer is $\\boxed{72}$.", "72", 1.0),
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),  # equal as numbers, not as strings
+        ("\\boxed{0.5}", "\\frac{1}{2}", 1.0),
+        ("\\boxed{1+x}", "x+1", 1.0),
+        ("\\boxed{3} no, \\boxed{72}", "72", 1.0),  # the last box counts
+        ("\\boxed{72} no, \\boxed{3}", "72", 0.0),
+        ("\\boxed{73}", "72", 0.0),
+        ("#### 72", "72", 0.0),
+        ("72", "72", 0.0),
+        ("\\boxed{72", "72", 0.0),  # not closed
+    ],
+)
+def test_boxed_compares_the_last_box_mathematically(response: str, answer: str, expected: float) -> None:
+    assert score(boxed, response, answer) == expected
+    assert REWARDS["math"] is boxed
+
+
+def test_last_boxed_matches_braces() -> None:
+    assert last_boxed("\\boxed{1} and \\boxed{\\frac{a}{b^{2}}} end") == "\\frac{a}{b^{2}}"
+    assert last_boxed("\\boxed{\\frac{1}{2}") is None
+    assert last_boxed("no box") is None
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("She sold 72 clips.\n#### 72", 1.0),
+        ("#### 72\n", 1.0),
+        ("#### 1,234.5", 1.0),
+        ("The answer is \\boxed{x+1}.", 1.0),
+        ("#### 73", 1.0),  # the form, not the answer
+        ("#### 72 clips", 0.0),
+        ("#### 72\nor maybe 73", 0.0),  # the answer is not the last line
+        ("72", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_format_checks_the_form_of_the_last_line(response: str, expected: float) -> None:
+    assert score(answer_format, response, "72") == expected
+
+
+def test_with_format_adds_a_small_bonus_and_names_each_part() -> None:
+    combined = reward_function("gsm8k_with_format")
+    assert combined("q", "#### 72", "72", {}) == {"score": 1.1, "correct": 1.0, "format": 1.0}
+    assert combined("q", "#### 73", "72", {}) == {"score": pytest.approx(0.1), "correct": 0.0, "format": 1.0}
+    assert combined("q", "72", "72", {}) == {"score": 0.0, "correct": 0.0, "format": 0.0}
+    assert reward_function("boxed_with_format")("q", "\\boxed{\\frac{1}{2}}", "0.5", {})["score"] == 1.1
+
+
+def test_every_response_is_scored_through_one_function() -> None:
+    """A float becomes {"score": it}; a dict keeps its names; a dict without "score", a non-number, or names that
+    differ between responses are refused naming reward.function."""
+    problems = [Problem("1+1=", "2"), Problem("2+2=", "4", extra={"unit": "apples"})]
+    assert reward_function("exact_match").scores(problems, ["2", "5"]) == [{"score": 1.0}, {"score": 0.0}]
+    seen = []
+
+    def spy(prompt: str, response: str, answer: str, extra) -> dict[str, float]:
+        seen.append((prompt, response, answer, dict(extra)))
+        return {"score": 1, "length": len(response)}
+
+    assert RewardFunction("spy", spy).scores(problems, ["2", "four"]) == [
+        {"score": 1.0, "length": 1.0},
+        {"score": 1.0, "length": 4.0},
+    ]
+    assert seen == [("1+1=", "2", "2", {}), ("2+2=", "four", "4", {"unit": "apples"})]
+    with pytest.raises(TypeError, match="reward.function = 'bad' returned .*\"score\" entry is the training reward"):
+        RewardFunction("bad", lambda *_: {"correct": 1.0})("q", "r", "a", {})
+    with pytest.raises(TypeError, match="reward.function = 'bad' returned 'yes'"):
+        RewardFunction("bad", lambda *_: "yes")("q", "r", "a", {})
+    with pytest.raises(ValueError, match="reward.function = 'ragged' returned different names"):
+        RewardFunction("ragged", lambda p, r, a, e: {"score": 1.0} | ({"x": 1.0} if r else {})).scores(
+            problems, ["", "y"]
+        )
+
+
+USERS_FILE = """\
+def graded(prompt, response, answer, extra):
+    right = float(response.strip() == answer)
+    return {"score": right, "right": right, "length": float(len(response))}
+
+not_a_function = 3
+"""
+
+
+def test_a_reward_is_named_by_registry_module_or_file(tmp_path: Path) -> None:
+    file = tmp_path / "my_rewards.py"
+    file.write_text(USERS_FILE)
+    assert reward_function("exact_match").function is REWARDS["exact_match"]
+    assert reward_function("tests.custom_reward:graded")("q", "so 3", "3", {}) == {
+        "score": 1.0,
+        "correct": 1.0,
+        "length": 4.0,
+    }
+    by_file = reward_function(f"{file}:graded")
+    assert by_file("q", "3", "3", {}) == {"score": 1.0, "right": 1.0, "length": 1.0}
+    assert reward_function(f"{file}:graded").function is by_file.function  # the file runs once
+    assert absolute("my_rewards.py:graded") == f"{Path.cwd() / 'my_rewards.py'}:graded"
+    assert absolute("tests.custom_reward:graded") == "tests.custom_reward:graded"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("exact", "reward.function = 'exact' is invalid: valid: exact_match, gsm8k, boxed"),
+        ("tests.custom_reward:nothing_here", "reward.function = 'tests.custom_reward:nothing_here' cannot be imported"),
+        ("no_such_module:f", "reward.function = 'no_such_module:f' cannot be imported .*; valid: exact_match"),
+        ("tests.custom_reward:re", "reward.function = 'tests.custom_reward:re' is not callable"),
+        ("missing/rewards.py:f", "reward.function = 'missing/rewards.py:f' cannot be loaded: no such file"),
+        ("{file}:nothing_here", "reward.function = '.*my_rewards.py:nothing_here' cannot be loaded \\(AttributeError"),
+        ("{file}:not_a_function", "reward.function = '.*my_rewards.py:not_a_function' is not callable"),
+        ("{broken}:f", "reward.function = '.*broken.py:f' cannot be loaded \\(SyntaxError"),
+    ],
+)
+def test_a_reward_that_cannot_be_used_is_refused_in_one_line(tmp_path: Path, spec: str, message: str) -> None:
+    (tmp_path / "my_rewards.py").write_text(USERS_FILE)
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    spec = spec.format(file=tmp_path / "my_rewards.py", broken=tmp_path / "broken.py")
+    with pytest.raises(ConfigError, match=message) as refused:
+        reward_function(spec)
+    assert "\n" not in str(refused.value)
+    assert "valid: " in str(refused.value) or "is not callable" in str(refused.value)
