@@ -89,7 +89,7 @@ def test_placement_presets_offload_the_rollout(compose_cfg, overrides: list[str]
 
 
 # Options with a mandatory value (`???`) compose once it is given.
-REQUIRED_VALUES = {"task=jsonl": ["task.train_path=train.jsonl"], "model=hf": ["model.path=/models/qwen"]}
+REQUIRED_VALUES = {"task=dataset": ["task.train_path=train.jsonl"], "model=hf": ["model.path=/models/qwen"]}
 
 
 @pytest.mark.parametrize("group", ["task", "model", "algorithm", "rollout", "logger"], ids=lambda g: f"group={g}")

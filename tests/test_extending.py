@@ -145,12 +145,12 @@ def test_a_reward_that_cannot_be_used_is_refused_in_one_line(reward: str, messag
     ("overrides", "message"),
     [
         (
-            ["task=jsonl", "task.train_path=x.jsonl", "+task.min_digits=2"],
-            "task.min_digits = 2: JsonlTaskConfig has no",
+            ["task=dataset", "task.train_path=x.jsonl", "+task.min_digits=2"],
+            "task.min_digits = 2: DatasetTaskConfig has no",
         ),
         (["+task.no_such_key=1"], "task.no_such_key = 1: ArithmeticTaskConfig has no key 'no_such_key'"),
-        (["task.name=jsonl"], "task.name = 'jsonl' is invalid for a task section typed ArithmeticTaskConfig"),
-        (["task.name=sums"], "task.name = 'sums' is invalid: valid: arithmetic, jsonl"),
+        (["task.name=dataset"], "task.name = 'dataset' is invalid for a task section typed ArithmeticTaskConfig"),
+        (["task.name=sums"], "task.name = 'sums' is invalid: valid: arithmetic, dataset"),
         (["algorithm.name=dpo"], "algorithm.name = 'dpo' is invalid: valid: grpo, ppo, reinforce_pp"),
     ],
 )

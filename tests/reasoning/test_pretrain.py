@@ -27,7 +27,7 @@ from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
 from rlplace.reasoning.pretrain import STATS_FILE, cache_key, greedy_accuracy, greedy_responses, pretrained_model_path
 from rlplace.reasoning.rewards import exact_match, reward_function
 from rlplace.reasoning.tasks import make_prompt_source
-from rlplace.reasoning.tasks.prompts import Problem
+from rlplace.reasoning.tasks.prompts import Problem, encode_prompts
 
 MAX_NEW_TOKENS = 4
 
@@ -60,7 +60,8 @@ def test_pretrain_writes_a_loadable_folder_and_its_stats(pretrained: tuple[Reaso
     # The saved weights are the trained ones: their greedy accuracy is the one recorded at the last step.
     model, tokenizer = load_causal_lm(folder), load_tokenizer(folder)
     eval_set = make_prompt_source(cfg.task).eval_set()
-    assert greedy_accuracy(model, tokenizer, eval_set, MAX_NEW_TOKENS, cfg.reward_function()) == stats["accuracy_after"]
+    accuracy = greedy_accuracy(model, tokenizer, eval_set, cfg.task, MAX_NEW_TOKENS, cfg.reward_function())
+    assert accuracy == stats["accuracy_after"]
 
 
 def test_sft_loss_goes_down(pretrained: tuple[ReasoningConfig, Path, Path]) -> None:
@@ -115,15 +116,17 @@ def test_batched_greedy_matches_one_prompt_at_a_time(pretrained: tuple[Reasoning
     problems = make_prompt_source(cfg.task).eval_set()[:5] + [Problem("12+7=", "19"), Problem("305+41=", "346")]
     prompts = [p.prompt for p in problems]
     expected = [greedy_one_by_one(model, tokenizer, p, MAX_NEW_TOKENS) for p in prompts]
-    assert greedy_responses(model, tokenizer, prompts, MAX_NEW_TOKENS, batch_size=3) == expected
+    ids = encode_prompts(tokenizer, problems, cfg.task)
+    assert greedy_responses(model, tokenizer, ids, MAX_NEW_TOKENS, batch_size=3) == expected
     by_hand = sum(exact_match(p.prompt, r, p.answer, p.extra) for r, p in zip(expected, problems, strict=True))
     reward = reward_function("exact_match")
-    assert greedy_accuracy(model, tokenizer, problems, MAX_NEW_TOKENS, reward, batch_size=3) == by_hand / len(problems)
+    accuracy = greedy_accuracy(model, tokenizer, problems, cfg.task, MAX_NEW_TOKENS, reward, batch_size=3)
+    assert accuracy == by_hand / len(problems)
     # Answers equal to the model's own greedy responses are all accepted; answers it never writes, none.
     own = [Problem(p, r.split("\n")[0].strip()) for p, r in zip(prompts, expected, strict=True)]
-    assert greedy_accuracy(model, tokenizer, own, MAX_NEW_TOKENS, reward, batch_size=3) == 1.0
+    assert greedy_accuracy(model, tokenizer, own, cfg.task, MAX_NEW_TOKENS, reward, batch_size=3) == 1.0
     never = [Problem(p, "not a number") for p in prompts]
-    assert greedy_accuracy(model, tokenizer, never, MAX_NEW_TOKENS, reward) == 0.0
+    assert greedy_accuracy(model, tokenizer, never, cfg.task, MAX_NEW_TOKENS, reward) == 0.0
 
 
 def test_model_path_is_used_as_is_when_set(pretrained: tuple[ReasoningConfig, Path, Path], tmp_path: Path) -> None:
@@ -153,7 +156,7 @@ def test_only_tiny_lm_on_a_reasoning_task_is_built(tmp_path: Path) -> None:
     cfg.model.name = "hf"
     with pytest.raises(ConfigError, match="model.path"):
         pretrained_model_path(cfg, tmp_path)
-    with pytest.raises(ConfigError, match="task.name = 'cartpole' is invalid: valid: arithmetic, jsonl"):
+    with pytest.raises(ConfigError, match="task.name = 'cartpole' is invalid: valid: arithmetic, dataset"):
         ReasoningTaskConfig(name="cartpole")
     assert list(tmp_path.iterdir()) == []
 

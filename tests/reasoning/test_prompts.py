@@ -1,4 +1,4 @@
-"""exact_match() and JsonlTask: exact-match rewards, JSONL reading, held-out splits, epoch sampling, clear errors."""
+"""exact_match() and task=dataset: exact-match rewards, reading records, held-out splits, epochs, clear errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from rlplace.reasoning.rewards import exact_match
-from rlplace.reasoning.tasks.prompts import JsonlTask, Problem, PromptSource
+from rlplace.reasoning.tasks.arithmetic import ArithmeticTaskConfig
+from rlplace.reasoning.tasks.dataset import DatasetTask, DatasetTaskConfig
+from rlplace.reasoning.tasks.prompts import Problem, PromptSource
 
 
 @pytest.mark.parametrize(
@@ -40,6 +42,12 @@ def _write(path: Path, lines: list[str]) -> str:
     return str(path)
 
 
+def dataset_task(train: str, evals: str | None, seed: int, eval_size: int = 200, **keys: object) -> DatasetTask:
+    return DatasetTaskConfig(
+        train_path=train, eval_path=evals, data_seed=seed, eval_size=eval_size, **keys
+    ).prompt_source()
+
+
 def _records(n: int, start: int = 0) -> list[str]:
     return [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(start, start + n)]
 
@@ -50,26 +58,26 @@ def test_reads_problems_with_numeric_answers_and_skips_blank_lines(tmp_path: Pat
         [
             '{"prompt": "2+3=", "answer": 5}',
             "",
-            '{"prompt": "half of 5?", "answer": 2.5, "source": "extra keys are ignored"}',
+            '{"prompt": "half of 5?", "answer": 2.5, "source": "extra keys go to the reward"}',
             '{"prompt": "capital of France?", "answer": " Paris "}',
             "   ",
         ],
     )
     evals = _write(tmp_path / "eval.jsonl", ['{"prompt": "1-8=", "answer": -7}'])
-    task = JsonlTask(train, evals, seed=0)
+    task = dataset_task(train, evals, seed=0)
     assert isinstance(task, PromptSource)
     assert task.eval_set() == [Problem("1-8=", "-7")]
     assert sorted(task.train_batch(0, 3), key=lambda p: p.prompt) == [
         Problem("2+3=", "5"),
         Problem("capital of France?", "Paris"),
-        Problem("half of 5?", "2.5"),
+        Problem("half of 5?", "2.5", {"source": "extra keys go to the reward"}),
     ]
 
 
 def test_an_eval_file_is_the_whole_eval_set_and_its_prompts_leave_training(tmp_path: Path) -> None:
     train = _write(tmp_path / "train.jsonl", _records(10))
     evals = _write(tmp_path / "eval.jsonl", _records(3, start=8) + _records(1, start=50))
-    task = JsonlTask(train, evals, seed=0, eval_size=1)  # eval_size only applies without an eval file
+    task = dataset_task(train, evals, seed=0, eval_size=1)  # eval_size only applies without an eval file
     assert [p.prompt for p in task.eval_set()] == ["8+1=", "9+1=", "10+1=", "50+1="]
     assert task.num_train == 8
     assert {p.prompt for p in task.train_batch(0, 8)} == {f"{i}+1=" for i in range(8)}
@@ -78,13 +86,13 @@ def test_an_eval_file_is_the_whole_eval_set_and_its_prompts_leave_training(tmp_p
 def test_without_an_eval_file_seeded_lines_are_held_out(tmp_path: Path) -> None:
     lines = _records(40)
     train = _write(tmp_path / "train.jsonl", lines)
-    task = JsonlTask(train, None, seed=1, eval_size=10)
+    task = dataset_task(train, None, seed=1, eval_size=10)
     held = task.eval_set()
     everything = [Problem(f"{i}+1=", str(i + 1)) for i in range(40)]
     assert len(held) == 10
     assert held == [p for p in everything if p in held]  # a subset, kept in file order
-    assert held == JsonlTask(train, None, seed=1, eval_size=10).eval_set()
-    assert held != JsonlTask(train, None, seed=2, eval_size=10).eval_set()
+    assert held == dataset_task(train, None, seed=1, eval_size=10).eval_set()
+    assert held != dataset_task(train, None, seed=2, eval_size=10).eval_set()
     trained = task.train_batch(0, task.num_train)
     assert sorted(trained + held, key=lambda p: int(p.answer)) == everything
 
@@ -92,7 +100,7 @@ def test_without_an_eval_file_seeded_lines_are_held_out(tmp_path: Path) -> None:
 def test_duplicate_prompts_never_leak_from_eval_into_training(tmp_path: Path) -> None:
     same = json.dumps({"prompt": "same", "answer": "x"})
     train = _write(tmp_path / "train.jsonl", [same] * 30 + _records(30))
-    task = JsonlTask(train, None, seed=0, eval_size=20)
+    task = dataset_task(train, None, seed=0, eval_size=20)
     eval_prompts = {p.prompt for p in task.eval_set()}
     assert "same" in eval_prompts
     assert task.num_train == 30 - len(eval_prompts - {"same"})
@@ -101,7 +109,7 @@ def test_duplicate_prompts_never_leak_from_eval_into_training(tmp_path: Path) ->
 
 def test_each_epoch_draws_every_training_problem_once(tmp_path: Path) -> None:
     train = _write(tmp_path / "train.jsonl", _records(10))
-    task = JsonlTask(train, _write(tmp_path / "eval.jsonl", _records(1, start=99)), seed=3)
+    task = dataset_task(train, _write(tmp_path / "eval.jsonl", _records(1, start=99)), seed=3)
     drawn = [p.prompt for step in range(20) for p in task.train_batch(step, 3)]  # 60 draws: 6 epochs of 10
     epochs = [drawn[i : i + 10] for i in range(0, 60, 10)]
     for epoch in epochs:
@@ -111,12 +119,12 @@ def test_each_epoch_draws_every_training_problem_once(tmp_path: Path) -> None:
 
 def test_batches_are_deterministic_and_independent_of_earlier_calls(tmp_path: Path) -> None:
     train = _write(tmp_path / "train.jsonl", _records(25))
-    used, fresh = JsonlTask(train, None, seed=5, eval_size=5), JsonlTask(train, None, seed=5, eval_size=5)
+    used, fresh = dataset_task(train, None, seed=5, eval_size=5), dataset_task(train, None, seed=5, eval_size=5)
     for step in (30, 0, 7):
         used.train_batch(step, 6)
     assert used.train_batch(4, 6) == fresh.train_batch(4, 6)
     assert fresh.train_batch(4, 6) != fresh.train_batch(5, 6)
-    assert fresh.train_batch(0, 20) != JsonlTask(train, None, seed=6, eval_size=5).train_batch(0, 20)
+    assert fresh.train_batch(0, 20) != dataset_task(train, None, seed=6, eval_size=5).train_batch(0, 20)
     big = fresh.train_batch(1, 45)  # one batch spanning three epochs of 20 keeps the per-epoch order
     assert big == [p for step in range(9, 18) for p in fresh.train_batch(step, 5)]
 
@@ -124,32 +132,31 @@ def test_batches_are_deterministic_and_independent_of_earlier_calls(tmp_path: Pa
 def test_missing_files_are_refused_naming_the_key_and_path(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.jsonl")
     with pytest.raises(ValueError, match=re.escape(f"task.train_path = {missing!r} is invalid: no such file")):
-        JsonlTask(missing, None, seed=0)
+        dataset_task(missing, None, seed=0)
     train = _write(tmp_path / "train.jsonl", _records(3))
     with pytest.raises(ValueError, match=re.escape(f"task.eval_path = {missing!r} is invalid: no such file")):
-        JsonlTask(train, missing, seed=0)
+        dataset_task(train, missing, seed=0)
 
 
 @pytest.mark.parametrize(
     ("bad_line", "message"),
     [
         ('{"prompt": "1+1=", "answer": ', "not valid JSON"),
-        ('{"answer": "2"}', 'missing key "prompt"'),
-        ('{"prompt": "1+1="}', 'missing key "answer"'),
-        ('["1+1=", "2"]', 'expected a JSON object with "prompt" and "answer"'),
+        ('{"answer": "2"}', 'no "prompt" (task.prompt_key)'),
+        ('{"prompt": "1+1="}', 'no "answer" (task.answer_key)'),
+        ('["1+1=", "2"]', "expected a JSON object"),
         ('{"prompt": "", "answer": "2"}', '"prompt" must be a non-empty string'),
         ('{"prompt": 11, "answer": "2"}', '"prompt" must be a non-empty string'),
         ('{"prompt": "1+1=", "answer": true}', '"answer" must be a string or a number'),
-        ('{"prompt": "1+1=", "answer": null}', '"answer" must be a string or a number'),
-        ('{"prompt": "1+1=", "answer": "  "}', '"answer" must be non-empty and on one line'),
-        ('{"prompt": "1+1=", "answer": "2\\n3"}', '"answer" must be non-empty and on one line'),
+        ('{"prompt": "1+1=", "answer": null}', 'no "answer" (task.answer_key)'),
+        ('{"prompt": "1+1=", "answer": "  "}', '"answer" is empty'),
     ],
 )
 def test_a_malformed_line_is_refused_naming_file_and_line(tmp_path: Path, bad_line: str, message: str) -> None:
     path = tmp_path / "train.jsonl"
     _write(path, [*_records(2), "", bad_line, *_records(1)])
     with pytest.raises(ValueError, match=re.escape(f"task.train_path: {path}:4: {message}")):
-        JsonlTask(str(path), None, seed=0, eval_size=1)
+        dataset_task(str(path), None, seed=0, eval_size=1)
 
 
 def test_a_line_that_is_not_utf8_is_refused_naming_file_and_line(tmp_path: Path) -> None:
@@ -157,31 +164,114 @@ def test_a_line_that_is_not_utf8_is_refused_naming_file_and_line(tmp_path: Path)
     path.write_bytes(b'{"prompt": "a", "answer": "b"}\n\xff\xfe\n')
     train = _write(tmp_path / "train.jsonl", _records(3))
     with pytest.raises(ValueError, match=re.escape(f"task.eval_path: {path}:2: not UTF-8 text")):
-        JsonlTask(train, str(path), seed=0)
+        dataset_task(train, str(path), seed=0)
 
 
 @pytest.mark.parametrize("content", ["", "\n  \n"])
 def test_an_empty_file_is_refused(tmp_path: Path, content: str) -> None:
     path = tmp_path / "train.jsonl"
     path.write_text(content)
-    with pytest.raises(ValueError, match=re.escape(f"task.train_path = {str(path)!r} is invalid: the file holds no")):
-        JsonlTask(str(path), None, seed=0)
+    with pytest.raises(
+        ValueError, match=re.escape(f"task.train_path = {str(path)!r} is invalid: the file holds no records")
+    ):
+        dataset_task(str(path), None, seed=0)
 
 
-@pytest.mark.parametrize("eval_size", [0, 5, 6])
+@pytest.mark.parametrize("eval_size", [5, 6])
 def test_a_held_out_split_must_leave_training_lines(tmp_path: Path, eval_size: int) -> None:
     train = _write(tmp_path / "train.jsonl", _records(5))
-    with pytest.raises(ValueError, match=re.escape(f"task.eval_size = {eval_size} is invalid: between 1 and 4")):
-        JsonlTask(train, None, seed=0, eval_size=eval_size)
+    with pytest.raises(ValueError, match=re.escape(f"task.eval_size = {eval_size} is invalid: at most 4 held-out")):
+        dataset_task(train, None, seed=0, eval_size=eval_size)
 
 
 def test_nothing_left_to_train_on_is_refused(tmp_path: Path) -> None:
     train = _write(tmp_path / "train.jsonl", _records(4))
     with pytest.raises(ValueError, match="task.train_path = .* is invalid: every prompt in it is also in the eval set"):
-        JsonlTask(train, train, seed=0)
+        dataset_task(train, train, seed=0)
 
 
 def test_negative_step_is_refused(tmp_path: Path) -> None:
-    task = JsonlTask(_write(tmp_path / "train.jsonl", _records(4)), None, seed=0, eval_size=1)
+    task = dataset_task(_write(tmp_path / "train.jsonl", _records(4)), None, seed=0, eval_size=1)
     with pytest.raises(ValueError, match="step = -3 is invalid"):
         task.train_batch(-3, 2)
+
+
+GSM8K = {
+    "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How "
+    "many clips did Natalia sell altogether in April and May?",
+    "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72",
+}
+CHAT = {
+    "messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2+3?"}],
+    "answer": "5",
+    "level": 1,
+}
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet"])
+def test_gsm8k_and_chat_records_load_with_their_keys(tmp_path: Path, suffix: str) -> None:
+    import datasets
+
+    def write(name: str, records: list[dict]) -> str:
+        path = tmp_path / f"{name}{suffix}"
+        if suffix == ".parquet":
+            datasets.Dataset.from_list(records).to_parquet(str(path))
+        elif suffix == ".json":
+            path.write_text(json.dumps(records))
+        else:
+            path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        return str(path)
+
+    gsm8k = [GSM8K, {**GSM8K, "question": "Another question?"}]
+    task = dataset_task(write("gsm8k", gsm8k), None, seed=0, eval_size=1, prompt_key="question")
+    (problem,) = [p for p in task.eval_set() + task.train_batch(0, 1) if p.prompt == GSM8K["question"]]
+    assert problem.answer == GSM8K["answer"] and problem.answer.endswith("#### 72") and problem.extra == {}
+    chats = [CHAT, {**CHAT, "messages": [{"role": "user", "content": "What is 1+1?"}], "answer": "2"}]
+    task = dataset_task(write("chat", chats), None, seed=0, eval_size=1, messages_key="messages")
+    problems = {p.prompt: p for p in task.eval_set() + task.train_batch(0, 1)}
+    assert problems["What is 2+3?"].messages == tuple(CHAT["messages"]) and problems["What is 2+3?"].answer == "5"
+    assert problems["What is 2+3?"].extra == {"level": 1}
+
+
+def test_a_record_without_the_named_key_is_refused_naming_it(tmp_path: Path) -> None:
+    path = _write(tmp_path / "gsm8k.jsonl", [json.dumps(GSM8K)] * 3)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f'task.train_path: {path}:1: no "prompt" (task.prompt_key); the record has: answer, question'),
+    ):
+        dataset_task(path, None, seed=0, eval_size=1)
+    chat = _write(tmp_path / "chat.jsonl", [json.dumps({**CHAT, "messages": [{"role": "assistant", "content": "5"}]})])
+    with pytest.raises(ValueError, match=re.escape(f'task.train_path: {chat}:1: "messages" must be a list of')):
+        dataset_task(chat, None, seed=0, eval_size=1, messages_key="messages")
+
+
+def test_eval_fraction_holds_out_a_share_and_is_refused_when_it_leaves_nothing(tmp_path: Path) -> None:
+    train = _write(tmp_path / "train.jsonl", _records(10))
+    assert len(dataset_task(train, None, seed=0, eval_fraction=0.3).eval_set()) == 3
+    with pytest.raises(ValueError, match=re.escape("task.eval_fraction = 0.99 is invalid: at most 9 held-out")):
+        dataset_task(train, None, seed=0, eval_fraction=0.99)
+
+
+def test_prompts_render_with_the_chat_template_when_the_tokenizer_has_one() -> None:
+    from rlplace.reasoning.models.tiny_qwen2 import train_tokenizer
+    from rlplace.reasoning.tasks.prompts import encode_prompts
+
+    tokenizer = train_tokenizer(["What is 2+3? Answer briefly. 5"] * 4, vocab_size=300)
+    plain, chat = Problem("What is 2+3?", "5"), Problem("What is 2+3?", "5", messages=tuple(CHAT["messages"]))
+    arithmetic = ArithmeticTaskConfig()
+    expected = "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
+    (ids,) = encode_prompts(tokenizer, [plain], arithmetic)
+    assert tokenizer.decode(ids) == expected
+    (ids,) = encode_prompts(tokenizer, [chat], arithmetic)
+    assert tokenizer.decode(ids) == "<|im_start|>system\nAnswer briefly.<|im_end|>\n" + expected
+    arithmetic.system_prompt = "Answer briefly."
+    assert encode_prompts(tokenizer, [plain], arithmetic) == encode_prompts(tokenizer, [chat], arithmetic)
+    arithmetic.apply_chat_template = False
+    (ids,) = encode_prompts(tokenizer, [plain], arithmetic)
+    assert tokenizer.decode(ids) == "Answer briefly.\nWhat is 2+3?"
+    tokenizer.chat_template = None
+    arithmetic.apply_chat_template = True
+    with pytest.raises(
+        ValueError, match="task.apply_chat_template = true is invalid: the model's tokenizer has no chat"
+    ):
+        encode_prompts(tokenizer, [plain], arithmetic)

@@ -12,12 +12,13 @@ from rlplace.placement import ComponentPlacement
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.models.hf_folder import check_model_folder
+from rlplace.reasoning.tasks import make_prompt_source
 
 
 def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None:
     """No runner option built for embodied tasks only (profile); micro-batches divide the prompts and the actor
-    ranks; each rank has enough responses for its minibatches; the model folder and what the backend requires exist
-    when asked for."""
+    ranks; each rank has enough responses for its minibatches; the task's problems can be made (its data files
+    read and checked); the model folder and what the backend requires exist when asked for."""
     task, rollout = cfg.task, cfg.rollout
     if cfg.runner.profile:
         raise ConfigError(
@@ -43,6 +44,7 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
             f"algorithm.num_minibatches = {cfg.algorithm.num_minibatches} is more than each actor's {rows} responses "
             f"(task.prompts_per_step x algorithm.group_size / actor processes)"
         )
+    make_prompt_source(task)  # the task's data read and checked here, before any worker reads it
     if cfg.model.path is not None:
         check_model_folder(cfg.model.path)
     backend = BACKENDS[rollout.backend]

@@ -19,7 +19,7 @@ from rlplace.core.errors import check, check_choice
 from rlplace.reasoning.algorithms import ALGORITHMS
 from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.rewards import RewardFunction, absolute, reward_function
-from rlplace.reasoning.tasks import ArithmeticTaskConfig, JsonlTaskConfig, ReasoningTaskConfig
+from rlplace.reasoning.tasks import ArithmeticTaskConfig, DatasetTaskConfig, ReasoningTaskConfig
 
 FAMILY = "reasoning"
 COMPONENTS = ("rollout", "reward", "inference", "actor")
@@ -28,7 +28,7 @@ COMPONENTS = ("rollout", "reward", "inference", "actor")
 __all__ = [
     "ArithmeticTaskConfig",
     "GenerationConfig",
-    "JsonlTaskConfig",
+    "DatasetTaskConfig",
     "LMConfig",
     "PretrainConfig",
     "ReasoningAlgorithmConfig",

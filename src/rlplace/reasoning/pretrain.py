@@ -33,7 +33,8 @@ from rlplace.reasoning.models.hf_folder import check_model_folder
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
 from rlplace.reasoning.rewards import SCORE, RewardFunction
 from rlplace.reasoning.tasks import make_prompt_source
-from rlplace.reasoning.tasks.prompts import Problem
+from rlplace.reasoning.tasks.prompts import Problem, encode_prompts
+from rlplace.reasoning.tasks.registry import ReasoningTaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +165,8 @@ def fine_tune(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
         point = {
             "step": step,
             "train_loss": sum(train_losses) / len(train_losses) if train_losses else None,
-            "eval_loss": sft_loss(model, tokenizer, eval_set),
-            "accuracy": greedy_accuracy(model, tokenizer, eval_set, max_new_tokens, reward),
+            "eval_loss": sft_loss(model, tokenizer, eval_set, cfg.task),
+            "accuracy": greedy_accuracy(model, tokenizer, eval_set, cfg.task, max_new_tokens, reward),
             "seconds": round(time.monotonic() - start, 2),
         }
         log.info(
@@ -183,7 +184,7 @@ def fine_tune(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
     step = 0
     while step < pre.max_steps and history[-1]["accuracy"] < pre.target_accuracy:
         model.train()
-        loss = sft_loss(model, tokenizer, source.train_batch(step, pre.batch_size), grad=True)
+        loss = sft_loss(model, tokenizer, source.train_batch(step, pre.batch_size), cfg.task, grad=True)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
@@ -207,13 +208,16 @@ def fine_tune(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
     }
 
 
-def sft_batch(tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem]) -> dict[str, torch.Tensor]:
-    """BOS + prompt + answer + EOS per problem, right-padded; labels only on answer and EOS tokens.
+def sft_batch(
+    tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem], task: ReasoningTaskConfig
+) -> dict[str, torch.Tensor]:
+    """The prompt as the model is asked it (`encode_prompts`) + answer + EOS per problem, right-padded; labels only on
+    answer and EOS tokens.
 
     Right padding keeps every sequence's positions at 0, 1, 2, ... as in unpadded generation (left-padded
     generation derives the same positions from the attention mask).
     """
-    prompts = tokenizer([p.prompt for p in problems], add_special_tokens=True)["input_ids"]
+    prompts = encode_prompts(tokenizer, problems, task)
     answers = tokenizer([p.answer for p in problems], add_special_tokens=False)["input_ids"]
     length = max(len(p) + len(a) + 1 for p, a in zip(prompts, answers, strict=True))
     input_ids = torch.full((len(problems), length), tokenizer.pad_token_id, dtype=torch.long)
@@ -229,10 +233,14 @@ def sft_batch(tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem]) -
 
 
 def sft_loss(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem], grad: bool = False
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    task: ReasoningTaskConfig,
+    grad: bool = False,
 ) -> torch.Tensor | float:
     """Mean cross-entropy over answer and EOS tokens: a tensor to backpropagate with grad=True, else a float."""
-    batch = {k: v.to(model.device) for k, v in sft_batch(tokenizer, problems).items()}
+    batch = {k: v.to(model.device) for k, v in sft_batch(tokenizer, problems, task).items()}
     if grad:
         return model(**batch).loss
     with torch.no_grad():
@@ -243,6 +251,7 @@ def greedy_accuracy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
+    task: ReasoningTaskConfig,
     max_new_tokens: int,
     reward: RewardFunction,
     batch_size: int = 256,
@@ -251,7 +260,8 @@ def greedy_accuracy(
     stops on."""
     if not problems:
         raise ValueError("greedy_accuracy needs at least one problem")
-    responses = greedy_responses(model, tokenizer, [p.prompt for p in problems], max_new_tokens, batch_size)
+    prompts = encode_prompts(tokenizer, problems, task)
+    responses = greedy_responses(model, tokenizer, prompts, max_new_tokens, batch_size)
     return sum(scores[SCORE] for scores in reward.scores(problems, responses)) / len(problems)
 
 
@@ -259,11 +269,12 @@ def greedy_accuracy(
 def greedy_responses(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
+    prompts: Sequence[list[int]],
     max_new_tokens: int,
     batch_size: int = 256,
 ) -> list[str]:
-    """Greedy continuation of each prompt, decoded without special tokens; prompts are left-padded in batches.
+    """Greedy continuation of each prompt (token ids), decoded without special tokens; prompts are left-padded in
+    batches.
 
     With left padding every prompt ends where generation starts, and generate derives position ids from the
     attention mask, so each response is the one the prompt alone would get.
@@ -272,9 +283,8 @@ def greedy_responses(
     model.eval()
     responses: list[str] = []
     for first in range(0, len(prompts), batch_size):
-        enc = tokenizer(
-            list(prompts[first : first + batch_size]), return_tensors="pt", padding=True, padding_side="left"
-        )
+        chunk = {"input_ids": list(prompts[first : first + batch_size])}
+        enc = tokenizer.pad(chunk, return_tensors="pt", padding=True, padding_side="left")
         enc = {k: v.to(model.device) for k, v in enc.items()}
         out = model.generate(
             **enc,

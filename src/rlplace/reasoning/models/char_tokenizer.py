@@ -17,7 +17,7 @@ PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 """Ids 0-3, in this order; the model config names the same ids."""
 CHARACTERS = "\n" + "".join(chr(c) for c in range(32, 127))
-"""Newline and printable ASCII: enough for arithmetic and for plain-text prompts of a jsonl task."""
+"""Newline and printable ASCII: enough for arithmetic and for plain-text prompts of a dataset task."""
 assert set(string.digits) <= set(CHARACTERS)
 
 

@@ -9,13 +9,14 @@ A new task is a module with its config dataclass (extending `ReasoningTaskConfig
 from __future__ import annotations
 
 from .arithmetic import ArithmeticTaskConfig
-from .prompts import JsonlTaskConfig, PromptSource
+from .dataset import DatasetTaskConfig
+from .prompts import PromptSource
 from .registry import TASKS, ReasoningTaskConfig
 
 TASKS.register("arithmetic", ArithmeticTaskConfig)
-TASKS.register("jsonl", JsonlTaskConfig)
+TASKS.register("dataset", DatasetTaskConfig)
 
-__all__ = ["TASKS", "ArithmeticTaskConfig", "JsonlTaskConfig", "ReasoningTaskConfig", "make_prompt_source"]
+__all__ = ["TASKS", "ArithmeticTaskConfig", "DatasetTaskConfig", "ReasoningTaskConfig", "make_prompt_source"]
 
 
 def make_prompt_source(task: ReasoningTaskConfig) -> PromptSource:

@@ -22,14 +22,14 @@ if TYPE_CHECKING:
 @dataclass
 class ReasoningTaskConfig:
     """What every reasoning task has: prompts with a reference answer; a held-out split measures accuracy. Each task's
-    own fields live in its subclass (`ArithmeticTaskConfig`, `JsonlTaskConfig`). Responses are scored by the `reward`
+    own fields live in its subclass (`ArithmeticTaskConfig`, `DatasetTaskConfig`). Responses are scored by the `reward`
     section, which falls back on the task's `default_reward`."""
 
     default_reward: ClassVar[str] = "exact_match"
     """The reward a run of this task uses when `reward.function` is not set (a registered name)."""
 
     name: str = "arithmetic"
-    """A registered task (`TASKS`): `arithmetic` (generated problems) or `jsonl` (your own lines); its option file
+    """A registered task (`TASKS`): `arithmetic` (generated problems) or `dataset` (your own files); its option file
     starts from that task's schema."""
     prompts_per_step: int = 32
     """Prompts per training step; each is answered algorithm.group_size times."""
@@ -38,6 +38,11 @@ class ReasoningTaskConfig:
     data_seed: int = 0
     """Seed of the problem streams, fixed apart from runner.seed so that every run (and the cached pretrained
     model) sees the same held-out split."""
+    system_prompt: str | None = None
+    """A system turn before each prompt (with a chat template; without one, a line before the prompt)."""
+    apply_chat_template: bool | None = None
+    """Render prompts with the tokenizer's chat template and its generation prompt; None: when the tokenizer has one
+    (the tiny LM's character tokenizer has none)."""
 
     def __post_init__(self) -> None:
         schema = TASKS[self.name]
@@ -49,6 +54,7 @@ class ReasoningTaskConfig:
             )
         check(self.prompts_per_step >= 1, "task.prompts_per_step", self.prompts_per_step, "at least 1")
         check(self.eval_size >= 1, "task.eval_size", self.eval_size, "at least 1")
+        check(self.data_seed >= 0, "task.data_seed", self.data_seed, "0 or more")
 
     def prompt_source(self) -> PromptSource:
         """The task's problems; its streams are seeded by `data_seed`."""

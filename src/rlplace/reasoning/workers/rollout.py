@@ -21,7 +21,7 @@ from rlplace.reasoning.models.tiny_lm import load_tokenizer
 from rlplace.reasoning.rewards import SCORE
 from rlplace.reasoning.streams import consumer_key, micro_batches_of
 from rlplace.reasoning.tasks import make_prompt_source
-from rlplace.reasoning.tasks.prompts import Problem
+from rlplace.reasoning.tasks.prompts import Problem, encode_prompts
 from rlplace.scheduler import Channel, Worker, timer
 
 
@@ -78,7 +78,7 @@ class LLMRolloutWorker(Worker):
     def _generate(
         self, index: int, problems: list[Problem], sample_ids: list[int], temperature: float
     ) -> SequenceBatch:
-        prompts = [self.tokenizer(p.prompt)["input_ids"] for p in problems]
+        prompts = encode_prompts(self.tokenizer, problems, self.cfg.task)
         responses = self.engine.generate(
             prompts,
             sample_ids,

@@ -1,0 +1,223 @@
+"""`task=dataset`: your own problems from local JSONL, JSON or Parquet files, read with the `datasets` library.
+
+Records map to problems through named keys: `task.prompt_key` (the question; `question` for GSM8K) or, for chat
+records, `task.messages_key` (a list of `{"role", "content"}` turns ending with the user's), and `task.answer_key`
+(the reference answer as written: a GSM8K answer keeps its worked solution and `#### 72` line, which the `gsm8k`
+reward reads). Every other field of a record travels with the problem (`Problem.extra`) to the reward function.
+
+JSON Lines files are read line by line, so that an error names its line; JSON and Parquet files by `datasets`.
+The driver reads and checks the files before Ray starts (`checks.check_reasoning` builds the prompt source): a file
+that is missing or unreadable, a line that is not a JSON object, a record without a named key or with an empty
+value, and a held-out split larger than the data are refused in one line naming the file, the line and the key.
+Workers read the files again through the same code. Batches are a pure function of (seed, step), as for every task:
+each epoch walks the training problems in an order seeded by (seed, epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlplace.core.errors import ConfigError, check
+
+from .prompts import Problem, check_batch_request, seeded_rng
+from .registry import ReasoningTaskConfig
+
+FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+"""File suffix -> the `datasets` builder that reads it."""
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class DatasetTaskConfig(ReasoningTaskConfig):
+    """`task=dataset`: problems read from your files (`DatasetTask`)."""
+
+    name: str = "dataset"
+    train_path: str | None = None
+    """A JSONL, JSON or Parquet file of records to train on."""
+    eval_path: str | None = None
+    """Held-out records; None holds out `eval_fraction` (or else `eval_size`) of the train_path records."""
+    eval_fraction: float | None = None
+    """With no eval_path: the share of train_path records held out (overrides eval_size)."""
+    prompt_key: str = "prompt"
+    """The record's question (`question` for GSM8K)."""
+    answer_key: str = "answer"
+    """The record's reference answer, passed as written to the reward."""
+    messages_key: str | None = None
+    """Chat records: the key of the turns (`[{"role": ..., "content": ...}, ...]`, the last one the user's); the
+    prompt key is then not read."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.train_path is not None, "task.train_path", self.train_path, "a JSONL, JSON or Parquet file")
+        if self.eval_fraction is not None:
+            check(0 < self.eval_fraction < 1, "task.eval_fraction", self.eval_fraction, "in (0, 1), or null")
+
+    def prompt_source(self) -> DatasetTask:
+        assert self.train_path is not None, "DatasetTaskConfig refuses a missing train_path"
+        return DatasetTask(self)
+
+
+class DatasetTask:
+    """Problems from `task.train_path` (and `task.eval_path`), a `PromptSource`."""
+
+    def __init__(self, cfg: DatasetTaskConfig) -> None:
+        self.seed = cfg.data_seed
+        problems = read_problems(cfg.train_path, "task.train_path", cfg)
+        if cfg.eval_path is None:
+            key, size = "task.eval_size", cfg.eval_size
+            if cfg.eval_fraction is not None:
+                key, size = "task.eval_fraction", max(1, round(cfg.eval_fraction * len(problems)))
+            check(
+                size < len(problems),
+                key,
+                cfg.eval_fraction if cfg.eval_fraction is not None else size,
+                f"at most {len(problems) - 1} held-out records: task.train_path = {cfg.train_path!r} holds "
+                f"{len(problems)}, and at least one must remain for training",
+            )
+            held_out = sorted(seeded_rng(self.seed, "eval").sample(range(len(problems)), size))
+            self._eval = [problems[i] for i in held_out]
+        else:
+            self._eval = read_problems(cfg.eval_path, "task.eval_path", cfg)
+        eval_prompts = {p.prompt for p in self._eval}
+        self._train = [p for p in problems if p.prompt not in eval_prompts]
+        check(
+            bool(self._train),
+            "task.train_path",
+            cfg.train_path,
+            "every prompt in it is also in the eval set, so nothing is left to train on",
+        )
+        self._order_epoch = -1
+        self._order: list[int] = []
+
+    @property
+    def num_train(self) -> int:
+        """Training problems in one epoch."""
+        return len(self._train)
+
+    def train_batch(self, step: int, num_prompts: int) -> list[Problem]:
+        check_batch_request(step, num_prompts)
+        batch = []
+        for position in range(step * num_prompts, (step + 1) * num_prompts):
+            epoch, index = divmod(position, len(self._train))
+            batch.append(self._train[self._epoch_order(epoch)[index]])
+        return batch
+
+    def eval_set(self) -> list[Problem]:
+        return list(self._eval)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        """The permutation of training problems for `epoch`; the latest one is kept, as batches walk forward."""
+        if epoch != self._order_epoch:
+            order = list(range(len(self._train)))
+            seeded_rng(self.seed, "epoch", epoch).shuffle(order)
+            self._order_epoch, self._order = epoch, order
+        return self._order
+
+
+def read_problems(path: str | Path, key: str, cfg: DatasetTaskConfig) -> list[Problem]:
+    """The problems of one file; ConfigError in one line naming `key`, the file, the line (JSONL) or record, and
+    what is wrong."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"{key} = {str(path)!r} is invalid: no such file")
+    if file.suffix not in FORMATS:
+        raise ConfigError(f"{key} = {str(path)!r} is invalid: the suffix must be one of {', '.join(FORMATS)}")
+    if file.suffix == ".jsonl":
+        numbered = [(f"{key}: {file}:{number}", record) for number, record in _json_lines(file, key)]
+    else:
+        numbered = [(f"{key}: {file} record {i}", record) for i, record in enumerate(_read_table(file, key), start=1)]
+    if not numbered:
+        raise ConfigError(f"{key} = {str(path)!r} is invalid: the file holds no records")
+    return [_problem(record, where, cfg) for where, record in numbered]
+
+
+def _read_table(file: Path, key: str) -> list[dict[str, Any]]:
+    """The records of a JSON (an array of objects, or objects one per line) or Parquet file, read by `datasets` into
+    memory; its cache goes into a temporary folder removed at once, so nothing is left under ~/.cache."""
+    import datasets  # deferred: a second to import, and only runs of a dataset task need it
+
+    datasets.disable_progress_bars()
+    builder = FORMATS[file.suffix]
+    with tempfile.TemporaryDirectory(prefix="rlplace-datasets-") as cache:
+        try:
+            table = datasets.load_dataset(builder, data_files=str(file), split="train", cache_dir=cache)
+        except Exception as err:  # datasets raises several kinds for a malformed file
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"{key}: {file}: not a readable {builder} file ({first})") from err
+        return table.to_list()
+
+
+def _json_lines(file: Path, key: str) -> list[tuple[int, dict[str, Any]]]:
+    """The records of a JSON Lines file with their line numbers, read line by line (not by `datasets`, which names
+    no line and coerces each key's values to one type across lines); blank lines are skipped."""
+    records = []
+    with file.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            where = f"{key}: {file}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ConfigError(f"{where}: not UTF-8 text ({err.reason})") from err
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{where}: not valid JSON ({err.msg}); expected one object per line") from err
+            if not isinstance(record, dict):
+                raise ConfigError(f"{where}: expected a JSON object, got {line.strip()[:80]!r}")
+            records.append((number, record))
+    return records
+
+
+def _problem(record: Mapping[str, Any], where: str, cfg: DatasetTaskConfig) -> Problem:
+    answer = _answer(_field(record, cfg.answer_key, "task.answer_key", where), cfg.answer_key, where)
+    if cfg.messages_key is not None:
+        messages = _messages(_field(record, cfg.messages_key, "task.messages_key", where), cfg.messages_key, where)
+        prompt, used = messages[-1]["content"], cfg.messages_key
+    else:
+        prompt = _text(_field(record, cfg.prompt_key, "task.prompt_key", where), cfg.prompt_key, where)
+        used, messages = cfg.prompt_key, ()
+    extra = {k: v for k, v in record.items() if k not in (used, cfg.answer_key)}
+    return Problem(prompt=prompt, answer=answer, extra=extra, messages=messages)
+
+
+def _field(record: Mapping[str, Any], name: str, key: str, where: str) -> Any:
+    if record.get(name) is None:
+        present = sorted(k for k, v in record.items() if v is not None)
+        raise ConfigError(f'{where}: no "{name}" ({key}); the record has: {", ".join(present) or "nothing"}')
+    return record[name]
+
+
+def _text(value: Any, name: str, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f'{where}: "{name}" must be a non-empty string, got {value!r:.80}')
+    return value
+
+
+def _answer(value: Any, name: str, where: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ConfigError(f'{where}: "{name}" must be a string or a number, got {value!r:.80}')
+    answer = str(value).strip()
+    if not answer:
+        raise ConfigError(f'{where}: "{name}" is empty')
+    return answer
+
+
+def _messages(value: Any, name: str, where: str) -> tuple[dict[str, str], ...]:
+    valid = (
+        isinstance(value, list)
+        and value
+        and all(isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in value)
+    )
+    if not valid or value[-1]["role"] != "user":
+        raise ConfigError(
+            f'{where}: "{name}" must be a list of {{"role": {"|".join(ROLES)}, "content": text}} turns ending with '
+            f"the user's, got {value!r:.80}"
+        )
+    return tuple({"role": m["role"], "content": m["content"]} for m in value)
