@@ -335,11 +335,19 @@ def register_schema(group: str, name: str, node: type) -> None:
     _config_store().store(group=f"schema/{group}", name=name, node=node)
 
 
+def packaged_data(relative: str) -> str:
+    """`${packaged_data:word_problems/train.jsonl}`: the path of a data file shipped inside the package (rlplace/data),
+    so that a preset names it wherever the package is installed."""
+    return str(Path(__file__).resolve().parents[1] / "data" / relative)
+
+
 def register() -> None:
-    """Register the primary schema and the `devices` resolver with Hydra and OmegaConf (idempotent)."""
+    """Register the primary schema and the `devices` and `packaged_data` resolvers with Hydra and OmegaConf
+    (idempotent)."""
     _config_store().store(name="train_schema", node=TrainSchema)
-    if not OmegaConf.has_resolver("devices"):
-        OmegaConf.register_new_resolver("devices", devices_resolver)
+    for name, resolver in (("devices", devices_resolver), ("packaged_data", packaged_data)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
 
 
 def to_typed(cfg: DictConfig, schema: type[T], family: str) -> T:

@@ -18,6 +18,7 @@ from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
 from rlplace.reasoning.algorithms import ALGORITHMS
 from rlplace.reasoning.generation.backends import BACKENDS
+from rlplace.reasoning.models.registry import MODELS
 from rlplace.reasoning.rewards import RewardFunction, absolute, reward_function
 from rlplace.reasoning.tasks import ArithmeticTaskConfig, DatasetTaskConfig, ReasoningTaskConfig
 
@@ -63,20 +64,25 @@ class PretrainConfig:
 
 @dataclass
 class LMConfig:
-    """The causal LM: the tiny LM built and pretrained here, or any local Hugging Face checkpoint."""
-
-    NAMES: ClassVar[tuple[str, ...]] = ("tiny_lm", "hf")
+    """The causal LM: a tiny one built and pretrained here, or any local Hugging Face checkpoint."""
 
     name: str = "tiny_lm"
+    """A registered model kind (`rlplace.reasoning.models.registry.MODELS`): `tiny_lm`, `tiny_qwen2` (built here),
+    `hf` (model.path)."""
     path: str | None = None
-    """A local Hugging Face model folder. For `tiny_lm`, None builds and pretrains one, cached under outputs/."""
+    """A local Hugging Face model folder. For a kind that builds, None builds and pretrains one, cached under
+    outputs/."""
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
-    """tiny_lm: how the cached starting checkpoint is made."""
+    """Built kinds: how the cached starting checkpoint is made."""
 
     def __post_init__(self) -> None:
-        check_choice("model.name", self.name, self.NAMES)
-        if self.name == "hf":
-            check(self.path is not None, "model.path", self.path, "a local Hugging Face model folder for model=hf")
+        if MODELS[self.name].build is None:
+            check(
+                self.path is not None,
+                "model.path",
+                self.path,
+                f"a local Hugging Face model folder for model={self.name}",
+            )
 
 
 @dataclass

@@ -28,9 +28,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlplace.core.config import output_root
 from rlplace.core.errors import check
+from rlplace.core.registry import load
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.hf_folder import check_model_folder
-from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
+from rlplace.reasoning.models.registry import MODELS
+from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
 from rlplace.reasoning.rewards import SCORE, RewardFunction
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem, encode_prompts
@@ -78,7 +80,8 @@ def cache_config(cfg: ReasoningConfig) -> dict[str, Any]:
             },
             **({} if cfg.reward_name == KEYED_REWARD_DEFAULT else {"reward": cfg.reward_name}),
         },
-        "shape": dataclasses.asdict(TinyLMShape()),
+        **({} if cfg.model.name == "tiny_lm" else {"model": cfg.model.name}),
+        "shape": dataclasses.asdict(load(MODELS[cfg.model.name].shape, "model.name")()),
         "pretrain": dataclasses.asdict(cfg.model.pretrain),
         "max_new_tokens": cfg.rollout.max_new_tokens,
     }
@@ -92,19 +95,21 @@ def cache_key(cfg: ReasoningConfig) -> str:
 def pretrained_model_path(cfg: ReasoningConfig, cache_root: Path | None = None) -> Path:
     """The model folder a reasoning run starts from.
 
-    `model.path` when set (checked with check_model_folder); for `model.name == tiny_lm` without a path, the cached
-    pretrained folder for this (task, shape, pretrain config), made by `pretrain` on first use.
+    `model.path` when set (checked with check_model_folder); for a model kind that builds (`models.registry`) without
+    a path, the cached pretrained folder for this (kind, task, shape, pretrain config), made by `pretrain` on first
+    use.
     """
     if cfg.model.path is not None:
         return check_model_folder(cfg.model.path)
+    built = [name for name, kind in MODELS.items() if kind.build is not None]
     check(
-        cfg.model.name == "tiny_lm",
+        MODELS[cfg.model.name].build is not None,
         "model.path",
         None,
-        "a local Hugging Face model folder (only model=tiny_lm is built)",
+        f"a local Hugging Face model folder (only model={'|'.join(built)} is built)",
     )
     root = output_root() / "pretrained" if cache_root is None else Path(cache_root)
-    folder = root / f"tiny_lm-{cfg.task.name}-{cache_key(cfg)}"
+    folder = root / f"{cfg.model.name}-{cfg.task.name}-{cache_key(cfg)}"
     if (folder / STATS_FILE).is_file():
         log.info("pretrained model: %s (cached)", folder)
         return folder
@@ -124,7 +129,8 @@ def pretrain(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
     tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        build_tiny_lm(tmp, TinyLMShape(), seed=cfg.model.pretrain.seed)
+        build = load(MODELS[cfg.model.name].build, "model.name")
+        build(tmp, make_prompt_source(cfg.task), cfg.model.pretrain.seed)
         stats = fine_tune(cfg, tmp)
         (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
         try:

@@ -69,6 +69,11 @@ def build_tiny_lm(folder: str | Path, shape: TinyLMShape = TinyLMShape(), seed: 
     return folder
 
 
+def build(folder: str | Path, source: object, seed: int) -> None:
+    """The `tiny_lm` model kind's builder (`models.registry`): its character vocabulary needs no text to learn from."""
+    build_tiny_lm(folder, TinyLMShape(), seed)
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The folder's tokenizer, padding on the left so that batched prompts end where generation starts."""
     tokenizer = AutoTokenizer.from_pretrained(path)

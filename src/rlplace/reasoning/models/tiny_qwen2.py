@@ -16,6 +16,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from rlplace.reasoning.tasks.prompts import PromptSource
+
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 """Qwen's special tokens: padding, and a turn's start and end (a response ends with `<|im_end|>`, its EOS)."""
 CHAT_TEMPLATE = (
@@ -30,11 +32,12 @@ class TinyQwen2Shape:
     """Size of the tiny Qwen2; about 0.5 M parameters with the default vocabulary."""
 
     vocab_size: int = 512
-    hidden_size: int = 64
+    hidden_size: int = 128
     num_layers: int = 2
     num_heads: int = 4
+    """Heads 32 wide, the narrowest vLLM's kernels take."""
     num_kv_heads: int = 2
-    intermediate_size: int = 192
+    intermediate_size: int = 256
     max_position_embeddings: int = 512
 
 
@@ -79,3 +82,14 @@ def build_tiny_qwen2(
     Qwen2ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+TOKENIZER_TEXTS = 4096
+"""Training problems the tokenizer is trained on (drawn through the task's batches: every problem of a smaller
+file, epoch by epoch)."""
+
+
+def build(folder: str | Path, source: PromptSource, seed: int) -> None:
+    """The `tiny_qwen2` model kind's builder (`models.registry`): its tokenizer learns the task's training text."""
+    problems = source.train_batch(0, TOKENIZER_TEXTS)
+    build_tiny_qwen2(folder, [text for p in problems for text in (p.prompt, p.answer)], TinyQwen2Shape(), seed)
