@@ -59,6 +59,22 @@ def profile_folder(tmp: Path, **files: str) -> Path:
     return folder
 
 
+DATASET = [*REASONING, "task=dataset", "task.prompt_key=question"]
+GSM8K = [
+    json.dumps({"question": f"Ava has {n} apples. How many?", "answer": f"She has {n}.\n#### {n}"}) for n in (3, 4)
+]
+
+
+def data(lines: list[str], *overrides: str) -> Callable[[Path], list[str]]:
+    """A task=dataset run reading `lines` as its training file."""
+
+    def write(tmp: Path) -> list[str]:
+        (tmp / "train.jsonl").write_text("".join(line + "\n" for line in lines))
+        return [*DATASET, f"task.train_path={tmp / 'train.jsonl'}", *overrides]
+
+    return write
+
+
 EMBODIED_STATE = {"family": "embodied", "step": 1, "identity": {}}
 HEADER = json.dumps({"family": "embodied", "env_id": "CartPole-v1"})
 
@@ -208,6 +224,22 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
     **{f"report {case}": ("rlplace-report", report(case), REPORT_NAMES[case]) for case in BROKEN_SWEEPS},
     "report no folder given": ("rlplace-report", [], "the following arguments are required: multirun_dir (usage:"),
     "report unknown flag": ("rlplace-report", ["--wandb", "x"], "unrecognized arguments: --wandb"),
+    # A reasoning task's data, read and checked by the driver.
+    "data line": (
+        "rlplace-train",
+        data(GSM8K + ['{"question": "q?"}']),
+        'train.jsonl:3: no "answer" (task.answer_key)',
+    ),
+    "data key": ("rlplace-plan", data(GSM8K, "task.prompt_key=prompt"), 'train.jsonl:1: no "prompt" (task.prompt_key)'),
+    "data json": ("rlplace-pretrain", data([*GSM8K, "{oops"]), "train.jsonl:3: not valid JSON"),
+    "data eval size": ("rlplace-train", data(GSM8K * 3), "task.eval_size = 200 is invalid: at most 5 held-out"),
+    "data missing": (
+        "rlplace-train",
+        [*DATASET, "task.train_path=/no/data.jsonl"],
+        "'/no/data.jsonl' is invalid: no such",
+    ),
+    "data suffix": ("rlplace-train", [*DATASET, "task.train_path=/etc/hostname"], "the suffix must be one of .jsonl"),
+    "chat template": ("rlplace-train", [*REASONING, "task.apply_chat_template=maybe"], "task.apply_chat_template"),
     # Clusters this machine cannot be, refused before Ray starts.
     "two nodes embedded": ("rlplace-train", ["cluster.num_nodes=2"], "cluster.num_nodes=2"),
     "more cores than the machine": (
@@ -320,8 +352,13 @@ SUBPROCESS_LIMIT_S = 5.0
         ("rlplace-plan", ["+algorithm.grop_size=4"], "algorithm.grop_size = 4"),
         ("rlplace-pretrain", [*REASONING, "model.pretrain.lr=0"], "model.pretrain.lr = 0.0 is invalid"),
         ("rlplace-report", ["/nonexistent"], "/nonexistent"),
+        (
+            "rlplace-train",
+            [*DATASET, f"task.train_path={Path(__file__).parent / 'bad_record.jsonl'}"],
+            ':2: no "answer"',
+        ),
     ],
-    ids=["train", "train unquoted comma", "train run dir", "plan", "pretrain", "report"],
+    ids=["train", "train unquoted comma", "train run dir", "plan", "pretrain", "report", "train bad record"],
 )
 def test_each_command_refuses_within_seconds(command: str, args: list[str], names: str) -> None:
     assert names in run_command(command, *args, limit_s=SUBPROCESS_LIMIT_S)
