@@ -1,7 +1,7 @@
 """Adding to rlplace as a user would, without touching its code: a gymnasium task is one option file; a reasoning task
 scored by a reward of its own is an option file for the task and one for the reward, naming a function in a file of
-the user's. Each trains for 2 steps on an embedded Ray shared by the module's runs (docs/extending.md shows the same
-files)."""
+the user's (joined with a reward model of theirs). Each trains for 2 steps on an embedded Ray shared by the module's
+runs (docs/extending.md shows the same files)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm
 from rlplace.scheduler import Cluster
 from rlplace.train import train
 from tests.reasoning.runs import TINY
+from tests.reasoning.tiny_reward_model import build_reward_model
 
 ACROBOT = """\
 defaults:
@@ -109,9 +110,13 @@ def test_a_gymnasium_task_is_one_option_file(conf: str, shared_ray: None, tmp_pa
 def test_a_reasoning_task_with_its_own_reward_is_one_option_file(
     conf: str, shared_ray: None, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    """The user's reward is joined with a reward model of theirs (a sequence classifier), half and half; every named
+    score is logged."""
     model = build_tiny_lm(tmp_path_factory.mktemp("tiny_lm"), TinyLMShape(num_layers=1, hidden_size=64))
+    reward_model = build_reward_model(tmp_path_factory.mktemp("reward_model"))
     overrides = [conf, "experiment=arithmetic_grpo", "task=sums_any_form", "reward=graded", *TINY, "model=hf"]
-    plan = resolve(compose_run([*overrides, f"model.path={model}"]))
+    extra = [f"model.path={model}", f"reward.model_path={reward_model}", "reward.model_weight=0.5"]
+    plan = resolve(compose_run([*overrides, *extra]))
     reward = plan.cfg.reward_function()
     assert reward("1+2=", "1+2 makes 3", "3", {}) == {"score": 1.0, "correct": 1.0, "length": 11.0}
     assert reward("1+2=", "3 or 4", "3", {})["score"] == 0.0
@@ -121,7 +126,9 @@ def test_a_reasoning_task_with_its_own_reward_is_one_option_file(
     assert [row["step"] for row in history] == [0, 1]
     for row in history:  # every named score, as the mean over the step's responses
         assert 0.0 <= row["rollout/reward"] <= 1.0 and 0.0 <= row["eval/accuracy"] <= 1.0
-        assert row["reward/score"] == pytest.approx(row["rollout/reward"]) == pytest.approx(row["reward/correct"])
+        assert row["reward/rule"] == pytest.approx(row["reward/correct"])  # the user's "score"
+        assert row["reward/score"] == pytest.approx(row["rollout/reward"])  # what is trained on
+        assert row["reward/score"] == pytest.approx(0.5 * row["reward/rule"] + 0.5 * row["reward/model"])
         assert 0.0 <= row["reward/length"] <= 4.0  # rollout.max_new_tokens characters at most
 
 

@@ -11,14 +11,15 @@ from rlplace.core.errors import ConfigError
 from rlplace.placement import ComponentPlacement
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.generation.backends import BACKENDS
-from rlplace.reasoning.models.hf_folder import check_model_folder
+from rlplace.reasoning.models.hf_folder import check_model_folder, check_reward_model_folder
 from rlplace.reasoning.tasks import make_prompt_source
 
 
 def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None:
     """No runner option built for embodied tasks only (profile); micro-batches divide the prompts and the actor
     ranks; each rank has enough responses for its minibatches; the task's problems can be made (its data files
-    read and checked); the model folder and what the backend requires exist when asked for."""
+    read and checked); the model folder, the reward model's (a classifier with one output) and what the backend
+    requires exist when asked for."""
     task, rollout = cfg.task, cfg.rollout
     if cfg.runner.profile:
         raise ConfigError(
@@ -47,6 +48,8 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
     make_prompt_source(task)  # the task's data read and checked here, before any worker reads it
     if cfg.model.path is not None:
         check_model_folder(cfg.model.path)
+    if cfg.reward.model_path is not None:
+        check_reward_model_folder(cfg.reward.model_path)
     backend = BACKENDS[rollout.backend]
     if backend.requires is not None and importlib.util.find_spec(backend.requires) is None:
         usable = [name for name in BACKENDS if BACKENDS[name].requires is None]

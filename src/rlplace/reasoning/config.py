@@ -167,9 +167,10 @@ class GenerationConfig(ComponentConfig):
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(ComponentConfig):
     """How the reward workers score a response (`rlplace.reasoning.rewards`): a section of its own rather than a task
-    field, so that one task's data can be scored in several ways and a scorer's settings have a place."""
+    field, so that one task's data can be scored in several ways, and the `reward` component's section (a reward
+    model takes device memory, offloaded between phases as the other groups are)."""
 
     function: str | None = None
     """A registered reward (`rlplace.reasoning.rewards.REWARDS`: exact_match, gsm8k, boxed, format,
@@ -178,10 +179,24 @@ class RewardConfig:
     (prompt, response, answer, extra) and returns a float or a dict of floats with the training reward under "score".
     None: the task's default (`default_reward` of its schema; arithmetic: exact_match)."""
 
+    enable_offload: bool = True
+    """With model_path: move the reward model off devices it shares with a working group (the actor while it trains),
+    as the switch plan does for the other groups. On by default, unlike theirs (which placement presets set): a reward
+    model only scores, so moving it costs its weights alone, and nothing moves without a shared device. Placement
+    presets of both families leave this section alone, so that an embodied run is not given one."""
+    model_path: str | None = None
+    """A reward model, a Hugging Face folder of an `AutoModelForSequenceClassification` with num_labels=1, scoring
+    each prompt and response on the reward workers' devices (`rlplace.reasoning.models.reward_model`); None: the rule
+    reward alone."""
+    model_weight: float = 1.0
+    """With model_path: the model's share of the training reward, (1 - w) x the rule's score + w x the model's (1.0:
+    the model alone; the rule's score is still logged as `reward/rule`, and `eval/accuracy` is always the rule's)."""
+
     def __post_init__(self) -> None:
         if self.function is not None:
             reward_function(self.function)  # refused as written, then a file's path kept absolute for the workers
             self.function = absolute(self.function)
+        check(0 <= self.model_weight <= 1, "reward.model_weight", self.model_weight, "in [0, 1]")
 
 
 @dataclass

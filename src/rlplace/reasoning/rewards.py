@@ -156,6 +156,17 @@ REWARDS.register("gsm8k_with_format", with_format(gsm8k))
 REWARDS.register("boxed_with_format", with_format(boxed))
 
 
+MODEL = "model"
+RULE = "rule"
+
+
+def with_model(rule: Scores, model: float, weight: float) -> Scores:
+    """A rule reward's scores joined with a reward model's (`reward.model_path`): the training reward is
+    (1 - weight) x the rule's score + weight x the model's; the rule's score and the model's are kept as "rule" and
+    "model" (logged as `reward/rule`, `reward/model`), and the rule's other names as they are."""
+    return {**rule, RULE: rule[SCORE], MODEL: model, SCORE: (1 - weight) * rule[SCORE] + weight * model}
+
+
 @dataclass(frozen=True)
 class RewardFunction:
     """The reward `reward.function` names, and the one way every part of a run scores a response with it."""

@@ -31,3 +31,18 @@ def check_model_folder(path: str | Path | None, key: str = "model.path") -> Path
             f"{', '.join(TOKENIZER_FILES)})"
         )
     return folder
+
+
+def check_reward_model_folder(path: str | Path, key: str = "reward.model_path") -> Path:
+    """Refuse, naming `key`, a folder `check_model_folder` refuses, or whose model is not a sequence classifier with
+    one output (a causal LM has no score head: loaded as a classifier, transformers would add an untrained one)."""
+    folder = check_model_folder(path, key)
+    config = json.loads((folder / "config.json").read_text())
+    architectures = config.get("architectures") or []
+    labels = config.get("num_labels", len(config.get("id2label") or {0: "LABEL_0", 1: "LABEL_1"}))
+    if not any(name.endswith("ForSequenceClassification") for name in architectures) or labels != 1:
+        raise ConfigError(
+            f"{key} = {str(path)!r} is invalid: not a reward model (architectures {architectures}, {labels} labels; "
+            "valid: a folder saved from an AutoModelForSequenceClassification with num_labels=1)"
+        )
+    return folder

@@ -1,19 +1,24 @@
-"""RewardWorker: scores responses with the function `reward.function` names (`rlplace.reasoning.rewards`).
+"""RewardWorker: scores responses with the function `reward.function` names (`rlplace.reasoning.rewards`), joined with
+a reward model's score when `reward.model_path` is set.
 
-It is its own group so that a costly verifier (a code sandbox, a reward model) can be placed like any other
-component; the arithmetic verifier is cheap, and one CPU-side rank is plenty.
+It is its own group so that a costly scorer (a reward model, a code sandbox) can be placed like any other component:
+a reward model holds device memory in the generation phase only, and with `reward.enable_offload` (the default) the
+switch plan moves it off the devices it shares with the actor while the actor trains, as it does the rollout's engine.
+The arithmetic verifier is cheap, and one CPU-side rank is plenty.
 """
 
 from __future__ import annotations
 
 import torch
 
+from rlplace.core.offload import HostCopies, move
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
+from rlplace.reasoning.models.reward_model import RewardModel
 from rlplace.reasoning.models.tiny_lm import load_tokenizer
-from rlplace.reasoning.rewards import METRIC_PREFIX, SCORE, RewardFunction
+from rlplace.reasoning.rewards import METRIC_PREFIX, SCORE, Scores, with_model
 from rlplace.reasoning.streams import consumer_key, micro_batches_of
-from rlplace.scheduler import Channel, Worker
+from rlplace.scheduler import Channel, Worker, timer
 
 
 class RewardWorker(Worker):
@@ -22,6 +27,9 @@ class RewardWorker(Worker):
         self.inference_world_size = inference_world_size
         self.tokenizer = load_tokenizer(model_path)
         self.reward = cfg.reward_function()  # not the task's problems: the batch carries its own
+        path = cfg.reward.model_path
+        self.model = None if path is None else RewardModel(path, self.device)
+        self.host_copies = HostCopies()
 
     def compute_rewards(self, num_micro_batches: int, inbox: Channel, out: Channel) -> int:
         """Score this rank's micro-batches of the step as they arrive on `inbox` and pass them on through `out`;
@@ -30,16 +38,32 @@ class RewardWorker(Worker):
         for _ in mine:
             batch: SequenceBatch = inbox.get(key=f"reward{self.rank}")
             with self.span("reward"):
-                score(self.reward, self.tokenizer, batch)
+                record(batch, self.score(batch))
             out.put(batch, key=consumer_key("inference", batch.index, self.inference_world_size))
         return len(mine)
 
+    def score(self, batch: SequenceBatch) -> list[Scores]:
+        """The named scores of each decoded response: the rule reward's, joined with the reward model's if any."""
+        texts = self.tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
+        scores = self.reward.scores(batch.problems, texts)
+        if self.model is None:
+            return scores
+        weight = self.cfg.reward.model_weight
+        model = self.model.score(batch.problems, texts)
+        return [with_model(rule, m, weight) for rule, m in zip(scores, model, strict=True)]
 
-def score(reward: RewardFunction, tokenizer, batch: SequenceBatch) -> None:
-    """Fill `batch.rewards` ([B], the "score" of each decoded response) and the sums of every named score over the
-    rows (`batch.meta["reward/<name>"]`)."""
-    texts = tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
-    scores = reward.scores(batch.problems, texts)
+    @timer("offload")
+    def offload(self) -> int:
+        return 0 if self.model is None else move(self.model.model, None, torch.device("cpu"), self.host_copies).bytes
+
+    @timer("onload")
+    def onload(self) -> int:
+        return 0 if self.model is None else move(self.model.model, None, self.device, self.host_copies).bytes
+
+
+def record(batch: SequenceBatch, scores: list[Scores]) -> None:
+    """Fill `batch.rewards` ([B], each response's "score") and the sums of every named score over the rows
+    (`batch.meta["reward/<name>"]`)."""
     batch.rewards = torch.tensor([s[SCORE] for s in scores])
     for name in scores[0]:
         batch.meta[METRIC_PREFIX + name] = sum(s[name] for s in scores)
