@@ -239,6 +239,7 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
         "'/no/data.jsonl' is invalid: no such",
     ),
     "data suffix": ("rlplace-train", [*DATASET, "task.train_path=/etc/hostname"], "the suffix must be one of .jsonl"),
+    "generation rounds": ("rlplace-plan", [*REASONING, "algorithm.max_generation_rounds=0"], "algorithm.max_gen"),
     "chat template": ("rlplace-train", [*REASONING, "task.apply_chat_template=maybe"], "task.apply_chat_template"),
     # Clusters this machine cannot be, refused before Ray starts.
     "two nodes embedded": ("rlplace-train", ["cluster.num_nodes=2"], "cluster.num_nodes=2"),

@@ -151,8 +151,13 @@ REASONING = [  # sweep=reasoning_placements on the tiny settings, one step off o
     "runner.max_steps=2",
     "runner.eval_interval=1",
     "logger=jsonl",
+    "model.pretrain.max_steps=50",  # a short pretraining: some groups get mixed rewards, many all 0
+    "model.pretrain.eval_interval=50",
+    "algorithm.filter_groups=true",  # dynamic sampling refills micro-batches alike in every placement
 ]
 REASONING_COMPARED = (
+    "rollout/filtered_groups",
+    "rollout/generation_rounds",
     "train/policy_loss",
     "train/grad_norm",
     "rollout/reward",
@@ -165,8 +170,14 @@ def start_multirun(
     sweep_dir: Path, *overrides: str, preset: tuple[str, ...] = ("sweep=placement_modes", *TINY)
 ) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "rlplace.train", *preset, f"hydra.sweep.dir={sweep_dir}"]
+    env = {**os.environ, "RLPLACE_OUTPUT_DIR": f"{sweep_dir}-outputs"}  # where a pretrained model is cached
     return subprocess.Popen(
-        [*command, *overrides], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        [*command, *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
     )
 
 

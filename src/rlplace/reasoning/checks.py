@@ -50,6 +50,11 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
         check_model_folder(cfg.model.path)
     if cfg.reward.model_path is not None:
         check_reward_model_folder(cfg.reward.model_path)
+        if cfg.algorithm.filter_groups:
+            raise ConfigError(
+                "algorithm.filter_groups = true is invalid with reward.model_path: groups are filtered by the rule "
+                "reward where they are generated, before the reward model scores them (valid: false)"
+            )
     backend = BACKENDS[rollout.backend]
     if backend.requires is not None and importlib.util.find_spec(backend.requires) is None:
         usable = [name for name in BACKENDS if BACKENDS[name].requires is None]

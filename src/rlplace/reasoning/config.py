@@ -100,10 +100,24 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
     """How token losses become one number: `token_mean` over all tokens, or `seq_mean_token_mean`."""
     critic_lr: float = 1.0e-3
     """ppo: learning rate of the critic (a value head on its own copy of the LM)."""
+    filter_groups: bool = False
+    """Dynamic sampling (DAPO): a prompt whose responses all get the same rule reward teaches nothing; drop it and
+    generate for more prompts until each micro-batch is full (`max_generation_rounds` at most)."""
+    max_generation_rounds: int = 3
+    """filter_groups: rounds of generation per micro-batch at most; a micro-batch still short after them is filled
+    with dropped groups (under GRPO they add nothing to the update)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         algorithm = ALGORITHMS[self.name]
+        rounds = self.max_generation_rounds
+        check(rounds >= 1, "algorithm.max_generation_rounds", rounds, "at least 1")
+        check(
+            not self.filter_groups or self.group_size > 1,
+            "algorithm.filter_groups",
+            self.filter_groups,
+            "false with algorithm.group_size = 1 (a group of one response has nothing to compare)",
+        )
         check_choice("algorithm.kl_type", self.kl_type, ("k1", "k2", "low_var_kl"))
         check_choice("algorithm.loss_agg", self.loss_agg, ("token_mean", "seq_mean_token_mean"))
         check(self.kl_coef >= 0, "algorithm.kl_coef", self.kl_coef, "0 or more")

@@ -36,6 +36,7 @@ from rlplace.placement import ComponentPlacement
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.rewards import METRIC_PREFIX
+from rlplace.reasoning.streams import FILTERED_GROUPS, GENERATION_ROUNDS
 from rlplace.scheduler import Channel, GroupFuture, WorkerGroup, wait_all
 
 PROGRESS_FIELDS = {"eval/accuracy": "accuracy", "rollout/reward": "reward", "throughput/tokens_per_s": "tokens/s"}
@@ -164,6 +165,9 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         metrics.update(
             {name: total / advantages["rows"] for name, total in advantages.items() if name.startswith(METRIC_PREFIX)}
         )
+        if FILTERED_GROUPS in advantages:
+            metrics[FILTERED_GROUPS] = advantages[FILTERED_GROUPS]
+            metrics[GENERATION_ROUNDS] = advantages[GENERATION_ROUNDS] / self.num_micro_batches
         metrics["rollout/response_length"] = advantages["response_tokens"] / advantages["rows"]
         metrics["rollout/response_tokens"] = advantages["response_tokens"]
         return metrics

@@ -8,6 +8,11 @@ before hands it over. Collocated runs call the stages in turn and the same chann
 
 from __future__ import annotations
 
+FILTERED_GROUPS = "rollout/filtered_groups"
+"""algorithm.filter_groups: prompt groups a micro-batch dropped (all rewards equal); a step logs their sum."""
+GENERATION_ROUNDS = "rollout/generation_rounds"
+"""algorithm.filter_groups: the generation rounds a micro-batch took; a step logs their mean over micro-batches."""
+
 
 def micro_batches_of(rank: int, world_size: int, num_micro_batches: int) -> list[int]:
     """The micro-batches a rank of a `world_size` group handles, in order: m with m % world_size == rank."""

@@ -115,7 +115,7 @@ class LLMActorWorker(Worker):
             "rows": float(batch.num_rows),
             "reward_sum": float(batch.rewards.sum()),
             "response_tokens": float(batch.response_mask.sum()),
-            **{name: total for name, total in batch.meta.items() if name.startswith(METRIC_PREFIX)},
+            **{name: total for name, total in batch.meta.items() if name.startswith((METRIC_PREFIX, "rollout/"))},
         }
 
     @timer("training")

@@ -19,7 +19,7 @@ from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
 from rlplace.reasoning.models.tiny_lm import load_tokenizer
 from rlplace.reasoning.rewards import SCORE
-from rlplace.reasoning.streams import consumer_key, micro_batches_of
+from rlplace.reasoning.streams import FILTERED_GROUPS, GENERATION_ROUNDS, consumer_key, micro_batches_of
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem, encode_prompts
 from rlplace.scheduler import Channel, Worker, timer
@@ -59,25 +59,61 @@ class LLMRolloutWorker(Worker):
         if self.version != version:
             raise StaleWeightsError(f"rollout rank {self.rank} holds weights v{self.version}, asked for v{version}")
         cfg = self.cfg
-        per_batch, group = cfg.rollout.micro_batch_prompts, cfg.algorithm.group_size
+        per_batch = cfg.rollout.micro_batch_prompts
         problems = self.source.train_batch(step, cfg.task.prompts_per_step)
         mine = micro_batches_of(self.rank, self.world_size, self.num_micro_batches)
         for m in mine:
             first = m * per_batch
-            rows = [p for p in problems[first : first + per_batch] for _ in range(group)]
-            sample_ids = [(step * cfg.task.prompts_per_step + first) * group + i for i in range(len(rows))]
             start = time.perf_counter()
             with self.span("rollout_generate"):
-                batch = self._generate(m, rows, sample_ids, cfg.rollout.temperature)
+                batch = self._sample_groups(step, m, problems[first : first + per_batch])
             batch.meta["generate_seconds"] = time.perf_counter() - start
             batch.version = version
             out.put(batch, key=consumer_key("reward", m, self.reward_world_size))
         return len(mine)
 
+    def _sample_groups(self, step: int, index: int, prompts: list[Problem]) -> SequenceBatch:
+        """Micro-batch `index` of `step`: `algorithm.group_size` responses to each of `prompts`. With
+        `algorithm.filter_groups`, a group whose rewards are all equal is dropped and the next round generates for as
+        many fresh prompts, until the micro-batch is full or `max_generation_rounds` have run; what each round draws
+        and samples is a function of (step, index, round), so the micro-batch is the same whichever rank makes it."""
+        alg, task = self.cfg.algorithm, self.cfg.task
+        group, first, size = alg.group_size, index * len(prompts), len(prompts)
+        rounds = alg.max_generation_rounds if alg.filter_groups else 1
+        kept: list[tuple[list[int], list[int], Problem]] = []
+        dropped: list[tuple[list[int], list[int], Problem]] = []
+        for round_ in range(rounds):
+            if round_:  # the next prompts of the step's stream, beyond those of its earlier rounds
+                total = task.prompts_per_step * (round_ + 1)
+                prompts = self.source.train_batch(step, total)[total - task.prompts_per_step + first :][:size]
+            rows = [p for p in prompts for _ in range(group)]
+            base = (step * task.prompts_per_step + first) * group
+            if round_:  # ids of their own, above those of the first round of every step
+                base += (1 << 40) * round_
+            ids, responses = self._tokens(rows, [base + i for i in range(len(rows))], self.cfg.rollout.temperature)
+            samples = list(zip(ids, responses, rows, strict=True))
+            if not alg.filter_groups:
+                kept = samples
+                break
+            texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+            scores = [s[SCORE] for s in self.reward.scores(rows, texts)]
+            for g in range(size):
+                same = len(set(scores[g * group : (g + 1) * group])) == 1
+                (dropped if same else kept).extend(samples[g * group : (g + 1) * group])
+            if len(kept) >= size * group:
+                break
+        samples = (kept + dropped)[: size * group]
+        batch = pack(index, *map(list, zip(*samples, strict=True)), self.cfg.rollout.max_new_tokens)
+        if alg.filter_groups:
+            batch.meta[FILTERED_GROUPS] = float(len(dropped) // group)
+            batch.meta[GENERATION_ROUNDS] = float(round_ + 1)
+        return batch
+
     @torch.no_grad()
-    def _generate(
-        self, index: int, problems: list[Problem], sample_ids: list[int], temperature: float
-    ) -> SequenceBatch:
+    def _tokens(
+        self, problems: list[Problem], sample_ids: list[int], temperature: float
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """The prompts' token ids and the engine's response to each."""
         prompts = encode_prompts(self.tokenizer, problems, self.cfg.task)
         responses = self.engine.generate(
             prompts,
@@ -86,6 +122,12 @@ class LLMRolloutWorker(Worker):
             temperature=temperature,
             seed=self.cfg.runner.seed,
         )
+        return prompts, responses
+
+    def _generate(
+        self, index: int, problems: list[Problem], sample_ids: list[int], temperature: float
+    ) -> SequenceBatch:
+        prompts, responses = self._tokens(problems, sample_ids, temperature)
         return pack(index, prompts, responses, problems, self.cfg.rollout.max_new_tokens)
 
     @timer("evaluate")
