@@ -61,4 +61,3 @@ def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
         assert key in rows[0], key
     assert load_tokenizer(run_dir / "final_model").chat_template is not None
     assert next((tmp_path / "pretrained").glob("tiny_qwen2-dataset-*/pretrain.json"))
-

@@ -1,0 +1,60 @@
+"""The reasoning placements give the same metrics: `sweep=reasoning_placements` on tiny settings, one step off, with
+dynamic sampling, as a user runs it (a module of its own, so that it runs beside the embodied sweeps of
+tests/test_report.py rather than after them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlplace.train import RUN_INFO
+from tests.test_report import finish, metrics, start_multirun
+
+REASONING = [  # sweep=reasoning_placements on the tiny settings, one step off only: its three placements
+    "experiment=arithmetic_grpo",
+    "sweep=reasoning_placements",
+    "runner.max_staleness=1",
+    "task.min_digits=1",
+    "task.max_digits=1",
+    "task.operations=+",
+    "task.eval_size=8",
+    "task.prompts_per_step=8",
+    "algorithm.group_size=4",
+    "rollout.micro_batch_prompts=2",
+    "rollout.max_new_tokens=4",
+    "runner.max_steps=2",
+    "runner.eval_interval=1",
+    "logger=jsonl",
+    "model.pretrain.max_steps=50",  # a short pretraining: some groups get mixed rewards, many all 0
+    "model.pretrain.eval_interval=50",
+    "algorithm.filter_groups=true",  # dynamic sampling refills micro-batches alike in every placement
+]
+REASONING_COMPARED = (
+    "rollout/filtered_groups",
+    "rollout/generation_rounds",
+    "train/policy_loss",
+    "train/grad_norm",
+    "rollout/reward",
+    "rollout/response_length",
+    "eval/accuracy",
+)
+
+
+@pytest.mark.slow
+def test_the_reasoning_placements_give_the_same_metrics(tmp_path: Path) -> None:
+    # Collocated on 4 devices trains with 4 actor ranks, disaggregated with 1, hybrid with 2: sums over ranks round
+    # differently from one tensor's sum, by about 1e-7 relative, hence the tolerance; generation and rewards are
+    # exact.
+    sweep_dir = tmp_path / "sweep"
+    finish(start_multirun(sweep_dir, preset=tuple(REASONING)))
+    jobs = [metrics(sweep_dir / str(job)) for job in range(3)]
+    modes = [json.loads((sweep_dir / str(job) / RUN_INFO).read_text())["mode"] for job in range(3)]
+    assert modes == ["collocated", "disaggregated", "hybrid"]
+    assert "| 2 | hybrid |" in (sweep_dir / "report.md").read_text()
+    for rows in jobs[1:]:
+        assert len(rows) == len(jobs[0]) == 2
+        for step in range(2):
+            for key in REASONING_COMPARED:
+                assert rows[step][key] == pytest.approx(jobs[0][step][key], rel=1e-5, abs=1e-6), (step, key)
