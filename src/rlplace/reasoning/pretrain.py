@@ -35,7 +35,7 @@ from rlplace.reasoning.models.registry import MODELS
 from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
 from rlplace.reasoning.rewards import SCORE, RewardFunction
 from rlplace.reasoning.tasks import make_prompt_source
-from rlplace.reasoning.tasks.prompts import Problem, encode_prompts
+from rlplace.reasoning.tasks.prompts import Problem, PromptSource, encode_prompts
 from rlplace.reasoning.tasks.registry import ReasoningTaskConfig
 
 log = logging.getLogger(__name__)
@@ -130,8 +130,9 @@ def pretrain(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         build = load(MODELS[cfg.model.name].build, "model.name")
-        build(tmp, make_prompt_source(cfg.task), cfg.model.pretrain.seed)
-        stats = fine_tune(cfg, tmp)
+        source = make_prompt_source(cfg.task)  # read once: the builder (a tokenizer's text) and the fine-tuning
+        build(tmp, source, cfg.model.pretrain.seed)
+        stats = fine_tune(cfg, tmp, source)
         (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
         try:
             os.rename(tmp, folder)
@@ -153,11 +154,10 @@ def pretrain(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
     return stats
 
 
-def fine_tune(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
+def fine_tune(cfg: ReasoningConfig, folder: Path, source: PromptSource) -> dict[str, Any]:
     """SFT of the model in `folder`, saved back in place; evaluates every eval_interval steps and stops at target."""
     pre = cfg.model.pretrain
     torch.manual_seed(pre.seed)
-    source = make_prompt_source(cfg.task)
     reward = cfg.reward_function()
     eval_set = source.eval_set()
     tokenizer = load_tokenizer(folder)

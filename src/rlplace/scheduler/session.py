@@ -79,7 +79,8 @@ def reap_orphaned_sessions() -> list[str]:
     orphaned = []
     for owner in glob.glob(os.path.join(root, "session_*", OWNER_FILE)):
         try:
-            pid = int(open(owner).read())
+            with open(owner) as f:
+                pid = int(f.read())
         except (OSError, ValueError):
             continue
         if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
