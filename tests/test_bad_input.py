@@ -135,6 +135,18 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
     "kl_coef": ("rlplace-plan", [*REASONING, "algorithm.kl_coef=-1"], "algorithm.kl_coef = -1.0 is invalid"),
     "temperature": ("rlplace-train", [*REASONING, "rollout.temperature=-1"], "rollout.temperature = -1.0"),
     "max_new_tokens": ("rlplace-plan", [*REASONING, "rollout.max_new_tokens=0"], "rollout.max_new_tokens = 0"),
+    "actor strategy": ("rlplace-train", [*REASONING, "actor.strategy=zero3"], "actor.strategy = 'zero3' is invalid"),
+    "actor dtype": ("rlplace-plan", [*REASONING, "actor.dtype=fp16"], "actor.dtype = 'fp16' is invalid: valid: fp32"),
+    "bf16 replica": (
+        "rlplace-train",
+        [*REASONING, "actor.strategy=ddp", "actor.dtype=bf16"],
+        "actor.dtype = 'bf16' is invalid: valid with actor.strategy=ddp: fp32",
+    ),
+    "token budget": (
+        "rlplace-plan",
+        [*REASONING, "actor.max_tokens_per_micro_batch=0"],
+        "actor.max_tokens_per_micro_batch = 0 is invalid",
+    ),
     "gpu_memory_utilization": (
         "rlplace-plan",
         [*REASONING, "rollout.gpu_memory_utilization=1.5"],

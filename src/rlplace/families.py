@@ -95,7 +95,7 @@ FAMILIES = (
         reasoning_config.ReasoningConfig,
         reasoning_checks.check_reasoning,
         _reasoning_launcher,
-        own_sections=("reward",),
+        own_sections=("reward", "actor"),
         option_schemas={"task": REASONING_TASKS},
     ),
 )

@@ -139,7 +139,7 @@ def _data_parallel(
     def train(rank: int) -> tuple[list[torch.Tensor], dict[str, float]]:
         columns_of_rank = torch.arange(rank * per_rank, (rank + 1) * per_rank)
         index = (torch.arange(steps)[:, None] * columns + columns_of_rank[None, :]).flatten()
-        shard = Shard(index, steps * columns, world_size, lambda t: ranks.sum(rank, t))
+        shard = Shard(index, steps * columns, world_size, lambda t: ranks.sum(rank, t), rank)
         mine = copy.deepcopy(model)
         optimizer = torch.optim.Adam(mine.parameters(), lr=1e-2, eps=1e-5)
         local = {k: v[index] for k, v in batch.items()}

@@ -1,6 +1,6 @@
 """The reasoning placements give the same metrics: `sweep=reasoning_placements` on tiny settings, one step off, with
-dynamic sampling, as a user runs it (a module of its own, so that it runs beside the embodied sweeps of
-tests/test_report.py rather than after them)."""
+dynamic sampling, a sharded actor and token-budget micro-batches, as a user runs it (a module of its own, so that it
+runs beside the embodied sweeps of tests/test_report.py rather than after them)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ REASONING = [  # sweep=reasoning_placements on the tiny settings, one step off o
     "model.pretrain.max_steps=50",  # a short pretraining: some groups get mixed rewards, many all 0
     "model.pretrain.eval_interval=50",
     "algorithm.filter_groups=true",  # dynamic sampling refills micro-batches alike in every placement
+    "actor.strategy=fsdp",  # the policy sharded over the actor's ranks, however many the placement gives it
+    "actor.max_tokens_per_micro_batch=48",  # 3-5 rows a pass: ranks run unequal pass counts, padded to the most
 ]
 REASONING_COMPARED = (
     "rollout/filtered_groups",
@@ -44,9 +46,9 @@ REASONING_COMPARED = (
 
 @pytest.mark.slow
 def test_the_reasoning_placements_give_the_same_metrics(tmp_path: Path) -> None:
-    # Collocated on 4 devices trains with 4 actor ranks, disaggregated with 1, hybrid with 2: sums over ranks round
-    # differently from one tensor's sum, by about 1e-7 relative, hence the tolerance; generation and rewards are
-    # exact.
+    # Collocated on 4 devices trains with 4 sharded actor ranks (FSDP2), disaggregated with 1, hybrid with 2: sums
+    # over ranks round differently from one tensor's sum, by about 1e-7 relative, hence the tolerance; generation and
+    # rewards are exact.
     sweep_dir = tmp_path / "sweep"
     finish(start_multirun(sweep_dir, preset=tuple(REASONING)))
     jobs = [metrics(sweep_dir / str(job)) for job in range(3)]

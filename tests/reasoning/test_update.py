@@ -15,6 +15,7 @@ import torch
 from rlplace.core.data_parallel import Shard
 from rlplace.core.errors import ConfigError
 from rlplace.core.off_policy import behaviour_weight
+from rlplace.core.strategies.replica import Replica
 from rlplace.reasoning.advantages import grpo_advantages, masked_mean, reinforce_pp_advantages
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
@@ -201,21 +202,31 @@ def test_ppo_critic_fits_the_returns(folder):
         llm_update(policy, optimizer, batch, advantages, params, generator)
 
 
-def test_allreduce_is_called_once_per_step_and_a_no_op_changes_nothing(folder):
+class RecordingReplica(Replica):
+    """One rank's strategy that records which model each optimizer step reduces."""
+
+    def __init__(self) -> None:
+        super().__init__(1, torch.device("cpu"))
+        self.seen: list[torch.nn.Module] = []
+
+    def reduce_grads(self, model: torch.nn.Module) -> None:
+        self.seen.append(model)
+
+
+def test_gradients_are_reduced_once_per_step_and_a_one_rank_strategy_changes_nothing(folder):
     policy = load_causal_lm(folder)
     batch = _batch(folder, policy)
     advantages, _ = compute_advantages(batch, GRPO)
     twins = [copy.deepcopy(policy) for _ in range(2)]
-    seen: list[torch.nn.Module] = []
+    recording = RecordingReplica()
     results = []
-    for twin, callback in zip(twins, (None, seen.append), strict=True):
+    for twin, strategy in zip(twins, (None, recording), strict=True):
         optimizer = torch.optim.Adam(twin.parameters(), lr=1e-2)
         results.append(
-            llm_update(
-                twin, optimizer, batch, advantages, GRPO, torch.Generator().manual_seed(1), allreduce_grads=callback
-            )
+            llm_update(twin, optimizer, batch, advantages, GRPO, torch.Generator().manual_seed(1), strategy=strategy)
         )
-    assert len(seen) == GRPO.update_epochs * GRPO.num_minibatches and all(m is twins[1] for m in seen)
+    assert len(recording.seen) == GRPO.update_epochs * GRPO.num_minibatches
+    assert all(m is twins[1] for m in recording.seen)
     assert results[0] == results[1]
     assert torch.equal(_flat(twins[0]), _flat(twins[1]))
 
@@ -250,7 +261,9 @@ def _micro_batches(folder, policy) -> list[SequenceBatch]:
     return parts
 
 
-def _train(folder, params, world_size: int, stale: bool) -> tuple[torch.Tensor, dict[str, float]]:
+def _train(
+    folder, params, world_size: int, stale: bool, max_tokens: int | None = None
+) -> tuple[torch.Tensor, dict[str, float]]:
     """One update of the four groups' batch on `world_size` ranks (threads), micro-batch m on rank m % world_size as
     the actor routes them; returns rank 0's policy (and critic) weights and its stats, after checking every rank
     ends the same."""
@@ -270,7 +283,7 @@ def _train(folder, params, world_size: int, stale: bool) -> tuple[torch.Tensor, 
         shard, sum_over_ranks = None, None
         if world_size > 1:
             index = torch.cat([part.index * GROUP + torch.arange(GROUP) for part in mine])
-            shard = Shard(index, len(parts) * GROUP, world_size, functools.partial(ranks.sum, rank))
+            shard = Shard(index, len(parts) * GROUP, world_size, functools.partial(ranks.sum, rank), rank)
             sum_over_ranks = shard.sum_over_ranks
         model, value_model = copy.deepcopy(policy), copy.deepcopy(critic)
         critic_args = {}
@@ -284,9 +297,7 @@ def _train(folder, params, world_size: int, stale: bool) -> tuple[torch.Tensor, 
             critic_args = dict(critic=value_model, critic_optimizer=critic_optimizer, returns=returns)
             critic_args["old_values"] = old_values
 
-        def allreduce(module: torch.nn.Module) -> None:
-            ranks.average_grads(rank, [p.grad for p in module.parameters() if p.grad is not None])
-
+        average = functools.partial(ranks.mean, rank)
         stats = llm_update(
             model,
             torch.optim.SGD(model.parameters(), lr=0.1),
@@ -295,8 +306,9 @@ def _train(folder, params, world_size: int, stale: bool) -> tuple[torch.Tensor, 
             params,
             torch.Generator().manual_seed(3),
             behaviour_logprobs=behaviour if stale else None,
-            allreduce_grads=allreduce if world_size > 1 else None,
+            strategy=Replica(world_size, torch.device("cpu"), average=average) if world_size > 1 else None,
             shard=shard,
+            max_tokens_per_micro_batch=max_tokens,
             **critic_args,
         )
         weights = [_flat(model)] + ([] if value_model is None else [_flat(value_model)])
@@ -449,3 +461,19 @@ def test_the_update_reads_the_algorithm_section_as_it_is():
         ReasoningAlgorithmConfig(name="grpo", off_policy_correction="truncated_is")
     with pytest.raises(ConfigError, match="algorithm.behaviour_weight_cap = 0.9 is invalid: null or at least 1"):
         ReasoningAlgorithmConfig(name="grpo", off_policy_correction="truncated_is", behaviour_weight_cap=0.9)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [GRPO, replace(GRPO, loss_agg="seq_mean_token_mean"), algorithm("ppo", update_epochs=2, num_minibatches=2)],
+    ids=["grpo", "grpo_seq_mean", "ppo"],
+)
+def test_token_budget_micro_batches_train_the_same_update(folder, params):
+    # Rows are about 11 tokens (prompt and response): a budget of 12 makes a pass per row, 24 two rows a pass, with the
+    # columns that are padding in all of a pass's rows dropped. Gradients accumulate over the passes, each pass's
+    # loss its part of the minibatch's, so only float summation order differs: 1e-5, as between rank counts.
+    weights, stats = _train(folder, params, 2, stale=True)
+    for budget in (12, 24):
+        budget_weights, budget_stats = _train(folder, params, 2, stale=True, max_tokens=budget)
+        torch.testing.assert_close(budget_weights, weights, rtol=1e-5, atol=1e-6)
+        assert budget_stats == pytest.approx(stats, rel=1e-5, abs=1e-6)

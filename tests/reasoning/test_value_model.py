@@ -54,7 +54,7 @@ def test_shapes_and_response_slicing(folder):
     with torch.no_grad():
         full = critic(ids, mask, position_ids)
         values = critic.response_values(batch)
-        rows = critic.response_values(batch, torch.tensor([1]))
+        rows = critic.values_after(ids[1:], mask[1:], batch.prompts.shape[1])
     assert full.shape == ids.shape and full.dtype == torch.float32
     assert values.shape == batch.responses.shape
     # Response token t's value sits at column prompt_width - 1 + t: the position that predicts it.

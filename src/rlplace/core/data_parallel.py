@@ -28,6 +28,8 @@ class Shard:
     world_size: int
     sum_over_ranks: Callable[[Tensor], None]
     """Replaces a tensor by its sum over the ranks, in place; every rank calls it in the same order."""
+    rank: int
+    """This rank's position among the `world_size`."""
 
     def split(self, minibatches: list[Tensor]) -> list[Tensor]:
         """This rank's part of each global minibatch (positions in the global batch), as local positions in the

@@ -4,6 +4,10 @@ When components share devices (collocated or hybrid placement), the idle one mov
 optimizer state to pinned CPU memory between phases and back before it works again. On a CPU-only cluster there is
 no device memory to free: the call is a recorded no-op (0 bytes moved), so the timeline still shows where it would
 happen.
+
+Sharded state (an FSDP2 actor, `actor.strategy = fsdp`) moves each rank's shards, and moves them through
+`module.to`: FSDP2 keeps views into each shard, which it re-derives after `module.to` and would lose if the shards
+were swapped behind its back, so those shards go to ordinary host memory rather than to the reused pinned copies.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor
 
 
 @dataclass
@@ -79,6 +84,8 @@ def move(
     """Move a module and its optimizer state to `device`, into `host`'s pinned tensors when the target is the CPU
     (benchmarks/gpu_suite.py compares its rate with the pinned copy rate)."""
     start = time.perf_counter()
+    if any(isinstance(param, DTensor) for param in module.parameters()):
+        return _move_sharded(module, optimizer, device, start)
     moved = 0
     for owner, name, tensor in _tensors(module, optimizer):
         if tensor.device == device:
@@ -98,6 +105,31 @@ def move(
         else:
             owner._buffers[name] = target  # noqa: SLF001 - the documented way to swap a registered buffer
     if moved and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        if device.type == "cpu":
+            torch.cuda.empty_cache()
+    return TransferRecord(moved, time.perf_counter() - start)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _move_sharded(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device, start: float
+) -> TransferRecord:
+    """`move` for a module whose parameters are shards (DTensors): this rank's shards, their gradients, the buffers
+    and the optimizer state go to `device`."""
+    found = _tensors(module, optimizer)
+    away = [(owner, name, tensor) for owner, name, tensor in found if _local(tensor).device != device]
+    moved = sum(_local(tensor).numel() * _local(tensor).element_size() for _, _, tensor in away)
+    if not moved:
+        return TransferRecord(0, time.perf_counter() - start)
+    module.to(device)  # parameters, their gradients and buffers; FSDP2 re-derives its views of the shards
+    for owner, name, tensor in away:
+        if isinstance(owner, dict):  # optimizer state
+            owner[name] = tensor.to(device, non_blocking=True)
+    if torch.cuda.is_available():
         torch.cuda.synchronize()
         if device.type == "cpu":
             torch.cuda.empty_cache()

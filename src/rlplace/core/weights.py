@@ -2,12 +2,15 @@
 
 Sending the whole state dict as one message needs a second full copy of the weights in flight; buckets of about
 `weight_sync.bucket_mb` bound that, which matters for LLM-sized policies. A header with the bucket count goes first,
-so the receiver knows how many messages make one update.
+so the receiver knows how many messages make one update. When the actor's ranks each hold a shard of every tensor
+(`actor.strategy = fsdp`), every rank takes part: each bucket is gathered into full tensors (`full_tensor()`) and rank 0
+sends it, so no rank ever holds more than one bucket of the whole model beyond its shards.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from rlplace.scheduler import Worker
 
@@ -33,12 +36,23 @@ def buckets(state: dict[str, torch.Tensor], bucket_mb: float) -> list[dict[str, 
 
 
 def broadcast_weights(worker: Worker, model: torch.nn.Module, version: int, dst_group: str, bucket_mb: float) -> int:
-    """Send `model`'s weights, labelled `version`, to every rank of `dst_group`; returns the number of buckets."""
-    parts = buckets(model.state_dict(), bucket_mb)
-    worker.broadcast({"num_buckets": torch.tensor(len(parts)), "version": torch.tensor(version)}, dst_group)
+    """Send `model`'s weights, labelled `version`, from rank 0 to every rank of `dst_group`; returns the number of
+    buckets. Every rank of a sharded model calls it (the gathers are collective); other ranks of a replicated one may
+    too, and send nothing."""
+    parts = buckets(model.state_dict(), bucket_mb)  # a sharded tensor's size is its whole size
+    sender = worker.rank == 0
+    if sender:
+        worker.broadcast({"num_buckets": torch.tensor(len(parts)), "version": torch.tensor(version)}, dst_group)
     for part in parts:
-        worker.broadcast(part, dst_group)
+        full = {name: _full(tensor) for name, tensor in part.items()}
+        if sender:
+            worker.broadcast(full, dst_group)
     return len(parts)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor (DTensor) gathered whole on every rank; any other tensor as it is."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
+from rlplace.core.strategies import AUTO, DTYPES, STRATEGIES
 from rlplace.reasoning.algorithms import ALGORITHMS
 from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.models.registry import MODELS
@@ -27,6 +28,7 @@ COMPONENTS = ("rollout", "reward", "inference", "actor")
 """The worker groups of a reasoning run; each must be placed, and nothing else may be."""
 
 __all__ = [
+    "ActorConfig",
     "ArithmeticTaskConfig",
     "GenerationConfig",
     "DatasetTaskConfig",
@@ -181,6 +183,40 @@ class GenerationConfig(ComponentConfig):
 
 
 @dataclass
+class ActorConfig(ComponentConfig):
+    """How the actor's ranks train the policy (and the critic): replicated or sharded, in which precision, in passes
+    of how many tokens."""
+
+    strategy: str = AUTO
+    """`ddp` (a full replica per rank, gradients averaged), `fsdp` (FSDP2: parameters, gradients and optimizer state
+    sharded over the ranks; `rlplace.core.strategies.STRATEGIES`), or `auto`: fsdp with several ranks on GPUs or with
+    bf16, else ddp."""
+    dtype: str = "fp32"
+    """`fp32`, or `bf16`: forward and backward in bfloat16 over float32 master weights, optimizer and gradient
+    reduction (fsdp's mixed precision)."""
+    gradient_checkpointing: bool = False
+    """Keep only each decoder layer's input during the forward pass and recompute the rest in the backward pass:
+    activation memory for about a third more compute."""
+    max_tokens_per_micro_batch: int | None = None
+    """Cut each optimizer step's rows into forward/backward passes of at most this many (padded) tokens, shortest
+    rows together (`rlplace.reasoning.micro_batches`); None: one pass per optimizer step."""
+
+    def __post_init__(self) -> None:
+        check_choice("actor.strategy", self.strategy, (AUTO, *STRATEGIES.names()))
+        check_choice("actor.dtype", self.dtype, DTYPES)
+        if self.strategy != AUTO:
+            allowed = STRATEGIES[self.strategy].dtypes
+            check(
+                self.dtype in allowed,
+                "actor.dtype",
+                self.dtype,
+                f"valid with actor.strategy={self.strategy}: {', '.join(allowed)} (bf16 needs fsdp's mixed precision)",
+            )
+        budget = self.max_tokens_per_micro_batch
+        check(budget is None or budget >= 1, "actor.max_tokens_per_micro_batch", budget, "null or at least 1")
+
+
+@dataclass
 class RewardConfig(ComponentConfig):
     """How the reward workers score a response (`rlplace.reasoning.rewards`): a section of its own rather than a task
     field, so that one task's data can be scored in several ways, and the `reward` component's section (a reward
@@ -225,7 +261,7 @@ class ReasoningConfig(RunConfig):
     model: LMConfig = field(default_factory=LMConfig)
     algorithm: ReasoningAlgorithmConfig = field(default_factory=ReasoningAlgorithmConfig)
     rollout: GenerationConfig = field(default_factory=GenerationConfig)
-    actor: ComponentConfig = field(default_factory=ComponentConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
 
     @property

@@ -202,7 +202,7 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         and after; the trained policy is written to final_model/. A preempted run is not evaluated out of schedule,
         so that its resumption logs what the uninterrupted run would have."""
         elapsed = seconds - self.eval_seconds
-        self.actor.execute_on(0).save_model(str(self.run_dir / "final_model")).wait()
+        self.actor.save_model(str(self.run_dir / "final_model")).wait()  # every rank: the gather is collective
         final = dict(metrics)
         final["run/tokens_per_s"] = self.tokens / elapsed
         final["run/train_seconds"] = elapsed

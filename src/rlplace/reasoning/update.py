@@ -22,6 +22,7 @@ weighted by π_prox / π_behav as algorithm.off_policy_correction says (`behavio
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -30,6 +31,7 @@ from torch import Tensor, nn
 
 from rlplace.core.data_parallel import Shard, global_minibatches
 from rlplace.core.off_policy import behaviour_weight
+from rlplace.core.strategies.base import Strategy
 from rlplace.reasoning.algorithms import ALGORITHMS
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
 from rlplace.reasoning.models.value_model import ValueModel
@@ -53,6 +55,7 @@ from .losses import (
     token_policy_loss,
     token_value_loss,
 )
+from .micro_batches import PADDING_PASS, MicroBatch, plan_micro_batches
 
 SumOverRanks = Callable[[Tensor], None] | None
 """In-place sum over the data-parallel ranks (`core.data_parallel.Shard.sum_over_ranks`); None on one rank."""
@@ -126,15 +129,14 @@ def compute_advantages(
 
 
 def _optimizer_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    max_grad_norm: float,
-    allreduce_grads: Callable[[nn.Module], None] | None,
+    model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float, strategy: Strategy | None
 ) -> Tensor:
     """Average grads across ranks, clip, step; returns the total grad norm before clipping."""
-    if allreduce_grads is not None:
-        allreduce_grads(model)
-    grad_norm = nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_grad_norm)
+    if strategy is None:
+        grad_norm = nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_grad_norm)
+    else:
+        strategy.reduce_grads(model)
+        grad_norm = strategy.clip_grad_norm(model, max_grad_norm)
     optimizer.step()
     return grad_norm
 
@@ -152,18 +154,19 @@ def llm_update(
     returns: Tensor | None = None,
     old_values: Tensor | None = None,
     behaviour_logprobs: Tensor | None = None,
-    allreduce_grads: Callable[[nn.Module], None] | None = None,
+    strategy: Strategy | None = None,
     shard: Shard | None = None,
+    max_tokens_per_micro_batch: int | None = None,
 ) -> dict[str, float]:
     """Run `update_epochs` x `num_minibatches` optimizer steps on `batch`'s rows; returns train/* means over them.
 
     `policy` is a causal LM (logits from `response_logits`); `batch` needs old_logprobs, and ref_logprobs when the KL
-    is a loss term. `generator` (CPU) shuffles the rows. `allreduce_grads(model)`, when given, must average the
-    gradients of `model`'s parameters across data-parallel ranks in place; it is called once per optimizer step for
-    the policy and, with a critic, once more for the critic.
+    is a loss term. `generator` (CPU) shuffles the rows. `strategy` (`rlplace.core.strategies`), when given, reduces
+    the gradients over the data-parallel ranks and clips their global norm, once per optimizer step for the policy
+    and, with a critic, once more for the critic; None is one process holding the whole model.
 
     ppo also needs `critic` (a `ValueModel`), `critic_optimizer`, `returns` and `old_values` ([B, T], rollout-time):
-    the critic takes its own step per minibatch on vf_coef * the (clipped) value loss, with its own all-reduce and
+    the critic takes its own step per minibatch on vf_coef * the (clipped) value loss, with its own reduction and
     clipping. `train/grad_norm` is the policy's total norm before clipping.
 
     `behaviour_logprobs` ([B, T]) are the log-probs of the policy that sampled the responses, when it is not the
@@ -173,7 +176,8 @@ def llm_update(
     whose mean over valid tokens is `train/behaviour_weight` (1 without behaviour log-probs).
 
     `shard` says which rows of the global batch `batch` holds when it is one data-parallel rank's part (None: the
-    whole batch); the update and its stats are then the global batch's.
+    whole batch); the update and its stats are then the global batch's. `max_tokens_per_micro_batch` cuts each
+    optimizer step's rows into passes of about that many tokens (`micro_batches`); None: one pass per step.
     """
     if batch.old_logprobs is None:
         raise ValueError("llm_update needs batch.old_logprobs (the inference worker fills them)")
@@ -200,8 +204,6 @@ def llm_update(
             alg.behaviour_weight_cap,
         )
 
-    input_ids, attention_mask = batch.input_ids, batch.attention_mask
-    width = batch.prompts.shape[1]
     mask = batch.response_mask
     keys = ["policy_loss", "entropy", "kl", "clip_frac", "approx_kl", "behaviour_weight", "grad_norm"]
     if critic is not None:
@@ -213,62 +215,23 @@ def llm_update(
 
     minibatches = global_minibatches(num_rows, alg.update_epochs, alg.num_minibatches, generator)
     if shard is None:
-        steps: list[tuple[Tensor, Counts | None]] = [(rows, None) for rows in minibatches]
+        steps = [(rows, _local_counts(mask, rows)) for rows in minibatches]
     else:
         steps = list(zip(shard.split(minibatches), _global_counts(shard, minibatches, mask), strict=True))
+    plans = [plan_micro_batches(rows, batch.prompt_mask, mask, max_tokens_per_micro_batch) for rows, _ in steps]
+    if strategy is not None and strategy.collective_passes and shard is not None:
+        plans = _in_step(plans, shard)
     # A rank's loss is its part of the global minibatch's; the gradient averaging over ranks divides by their count.
     scale = 1.0 if shard is None else float(shard.world_size)
-    for rows, counts in steps:  # exactly update_epochs x num_minibatches steps on every rank
-        step_stats: dict[str, Tensor] = {}
-        if rows.numel() == 0:  # none of this global minibatch's rows is this rank's: it adds nothing
-            step_stats = _empty_step(policy, optimizer, critic, critic_optimizer, alg, allreduce_grads)
-            for key in keys:
-                stats[key].append(step_stats[key].float())
-            continue
-        optimizer.zero_grad()
-        logits = response_logits(policy, input_ids[rows], attention_mask[rows], width)
-        device = logits.device
-        row_mask = mask[rows].to(device)
-        logprobs = logprobs_from_logits(logits, input_ids[rows, width:].to(device))
-        pg_loss, pg_stats = token_policy_loss(
-            logprobs,
-            batch.old_logprobs[rows].to(device),
-            advantages[rows].to(device),
-            row_mask,
-            alg.clip_ratio_low,
-            alg.clip_ratio_high,
-            alg.loss_agg,
-            None if weights is None else weights[rows].to(device),
-            counts,
-        )
-        entropy = aggregate_loss(entropy_from_logits(logits), row_mask, alg.loss_agg, counts)
-        loss = pg_loss - alg.ent_coef * entropy
-        step_stats["kl"] = torch.zeros((), device=device)
-        if batch.ref_logprobs is not None:
-            token_kl = kl_divergence(logprobs, batch.ref_logprobs[rows].to(device), alg.kl_type)
-            if alg.kl_in_loss:
-                loss = loss + alg.kl_coef * aggregate_loss(token_kl, row_mask, alg.loss_agg, counts)
-            step_stats["kl"] = token_mean(token_kl.detach(), row_mask, counts)
-        (loss * scale if scale != 1.0 else loss).backward()
-        step_stats["grad_norm"] = _optimizer_step(policy, optimizer, alg.max_grad_norm, allreduce_grads)
-        step_stats.update(policy_loss=pg_loss.detach(), entropy=entropy.detach(), **pg_stats)
-
+    for (_, counts), plan in zip(steps, plans, strict=True):  # update_epochs x num_minibatches steps on every rank
+        terms = functools.partial(_policy_pass, policy, batch, advantages, weights, alg, counts=counts)
+        step_stats = _accumulate(policy, optimizer, plan, terms, scale, strategy)
+        step_stats["grad_norm"] = _optimizer_step(policy, optimizer, alg.max_grad_norm, strategy)
         if critic is not None:
-            critic_optimizer.zero_grad()
-            values = critic.response_values(batch, rows)
-            device = values.device
-            v_loss = token_value_loss(
-                values,
-                old_values[rows].to(device),
-                returns[rows].to(device),
-                mask[rows].to(device),
-                alg.value_clip,
-                counts,
-            )
-            (alg.vf_coef * scale * v_loss).backward()
-            _optimizer_step(critic, critic_optimizer, alg.max_grad_norm, allreduce_grads)
-            step_stats["value_loss"] = v_loss.detach()
-
+            assert critic_optimizer is not None and returns is not None and old_values is not None
+            terms = functools.partial(_value_pass, critic, batch, old_values, returns, alg, counts=counts)
+            step_stats["value_loss"] = _accumulate(critic, critic_optimizer, plan, terms, scale, strategy)["value_loss"]
+            _optimizer_step(critic, critic_optimizer, alg.max_grad_norm, strategy)
         for key in keys:  # detached; read once at the end (no device syncs per step)
             stats[key].append(step_stats[key].float())
 
@@ -285,6 +248,127 @@ def llm_update(
     return result
 
 
+PassTerms = Callable[[MicroBatch], tuple[Tensor, dict[str, Tensor]]]
+"""A pass's loss (its part of the minibatch's) and its detached stats (their parts)."""
+
+
+def _accumulate(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    plan: list[MicroBatch],
+    terms: PassTerms,
+    scale: float,
+    strategy: Strategy | None,
+) -> dict[str, Tensor]:
+    """Zero the gradients, then run `plan`'s passes forward and backward, accumulating their gradients and summing
+    their stats. A rank with no pass (none of the step's rows, with a strategy whose passes are not collective) adds
+    zero gradients to the reduction."""
+    optimizer.zero_grad()
+    totals: dict[str, Tensor] = defaultdict(lambda: torch.zeros(()))
+    for position, micro_batch in enumerate(plan):
+        if strategy is not None:
+            strategy.sync_grads(model, position == len(plan) - 1)
+        loss, pass_stats = terms(micro_batch)
+        (loss * (scale * micro_batch.weight)).backward()
+        if micro_batch.weight:
+            for key, value in pass_stats.items():
+                totals[key] = totals[key].to(value.device) + value
+    if not plan:
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+    return totals
+
+
+def _policy_pass(
+    policy: nn.Module,
+    batch: SequenceBatch,
+    advantages: Tensor,
+    weights: Tensor | None,
+    alg: ReasoningAlgorithmConfig,
+    micro_batch: MicroBatch,
+    counts: Counts,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    rows, columns = micro_batch.rows, slice(None, micro_batch.length)
+    input_ids, attention_mask, width = _trimmed_inputs(batch, micro_batch)
+    logits = response_logits(policy, input_ids, attention_mask, width)
+    device = logits.device
+    row_mask = batch.response_mask[rows, columns].to(device)
+    logprobs = logprobs_from_logits(logits, input_ids[:, width:].to(device))
+    pg_loss, pass_stats = token_policy_loss(
+        logprobs,
+        batch.old_logprobs[rows, columns].to(device),
+        advantages[rows, columns].to(device),
+        row_mask,
+        alg.clip_ratio_low,
+        alg.clip_ratio_high,
+        alg.loss_agg,
+        None if weights is None else weights[rows, columns].to(device),
+        counts,
+    )
+    entropy = aggregate_loss(entropy_from_logits(logits), row_mask, alg.loss_agg, counts)
+    loss = pg_loss - alg.ent_coef * entropy
+    pass_stats["kl"] = torch.zeros((), device=device)
+    if batch.ref_logprobs is not None:
+        token_kl = kl_divergence(logprobs, batch.ref_logprobs[rows, columns].to(device), alg.kl_type)
+        if alg.kl_in_loss:
+            loss = loss + alg.kl_coef * aggregate_loss(token_kl, row_mask, alg.loss_agg, counts)
+        pass_stats["kl"] = token_mean(token_kl.detach(), row_mask, counts)
+    pass_stats.update(policy_loss=pg_loss.detach(), entropy=entropy.detach())
+    return loss, pass_stats
+
+
+def _value_pass(
+    critic: ValueModel,
+    batch: SequenceBatch,
+    old_values: Tensor,
+    returns: Tensor,
+    alg: ReasoningAlgorithmConfig,
+    micro_batch: MicroBatch,
+    counts: Counts,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    rows, columns = micro_batch.rows, slice(None, micro_batch.length)
+    input_ids, attention_mask, width = _trimmed_inputs(batch, micro_batch)
+    values = critic.values_after(input_ids, attention_mask, width)
+    device = values.device
+    v_loss = token_value_loss(
+        values,
+        old_values[rows, columns].to(device),
+        returns[rows, columns].to(device),
+        batch.response_mask[rows, columns].to(device),
+        alg.value_clip,
+        counts,
+    )
+    return alg.vf_coef * v_loss, {"value_loss": v_loss.detach()}
+
+
+def _trimmed_inputs(batch: SequenceBatch, micro_batch: MicroBatch) -> tuple[Tensor, Tensor, int]:
+    """A pass's prompt + response token ids and attention mask, its columns trimmed, and its prompt width."""
+    width = batch.prompts.shape[1]
+    end = None if micro_batch.length is None else width + micro_batch.length
+    columns = slice(micro_batch.left, end)
+    rows = micro_batch.rows
+    return batch.input_ids[rows, columns], batch.attention_mask[rows, columns], width - micro_batch.left
+
+
+def _local_counts(mask: Tensor, rows: Tensor) -> Counts:
+    """A minibatch's valid tokens and responses, on one process (at least 1 each, as `masked_mean` divides)."""
+    row_mask = mask[rows]
+    tokens = row_mask.sum().float().clamp(min=1.0)
+    responses = (row_mask.sum(-1) > 0).sum().float().clamp(min=1.0)
+    return Counts(tokens=tokens.to(mask.device), responses=responses.to(mask.device))
+
+
+def _in_step(plans: list[list[MicroBatch]], shard: Shard) -> list[list[MicroBatch]]:
+    """Every rank's plans padded with zero-weighted passes to the most passes any rank runs in each step: one
+    collective call for the update."""
+    counts = torch.zeros(shard.world_size, len(plans), dtype=torch.float64)
+    counts[shard.rank] = torch.tensor([float(len(plan)) for plan in plans], dtype=torch.float64)
+    shard.sum_over_ranks(counts)
+    most = counts.max(dim=0).values.long().tolist()
+    return [plan + [PADDING_PASS] * (n - len(plan)) for plan, n in zip(plans, most, strict=True)]
+
+
 def _global_counts(shard: Shard, minibatches: list[Tensor], mask: Tensor) -> list[Counts]:
     """Each global minibatch's valid tokens and responses over every rank: one collective call for the update."""
     local = shard.split(minibatches)
@@ -294,27 +378,3 @@ def _global_counts(shard: Shard, minibatches: list[Tensor], mask: Tensor) -> lis
     shard.sum_over_ranks(counts)
     counts = counts.float().to(mask.device)
     return [Counts(tokens=row[0], responses=row[1]) for row in counts]
-
-
-def _empty_step(
-    policy: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    critic: nn.Module | None,
-    critic_optimizer: torch.optim.Optimizer | None,
-    alg: ReasoningAlgorithmConfig,
-    allreduce_grads: Callable[[nn.Module], None] | None,
-) -> dict[str, Tensor]:
-    """A rank's step on none of a global minibatch's rows: zero gradients into the averaging, then the same clipped
-    step as every other rank (and the critic's)."""
-    grad_norm = torch.zeros(())
-    for model, model_optimizer in ((policy, optimizer), (critic, critic_optimizer)):
-        if model is None or model_optimizer is None:
-            continue
-        model_optimizer.zero_grad()
-        for p in model.parameters():
-            if p.requires_grad:
-                p.grad = torch.zeros_like(p)
-        norm = _optimizer_step(model, model_optimizer, alg.max_grad_norm, allreduce_grads)
-        grad_norm = norm if model is policy else grad_norm
-    zero = torch.zeros((), device=grad_norm.device)
-    return defaultdict(lambda: zero, grad_norm=grad_norm)

@@ -54,16 +54,16 @@ class ValueModel(nn.Module):
         ).last_hidden_state
         return self.value_head(hidden.float()).squeeze(-1)
 
-    def response_values(self, batch: SequenceBatch, rows: Tensor | None = None) -> Tensor:
-        """[B, T] values V(s_t) for each response token of `batch` (or of its `rows`), on this model's device.
+    def response_values(self, batch: SequenceBatch) -> Tensor:
+        """[B, T] values V(s_t) for each response token of `batch`, on this model's device."""
+        return self.values_after(batch.input_ids, batch.attention_mask, batch.prompts.shape[1])
+
+    def values_after(self, input_ids: Tensor, attention_mask: Tensor, prompt_width: int) -> Tensor:
+        """[B, T] values V(s_t) of the tokens after the first `prompt_width` columns of `input_ids` (the responses).
 
         Positions count real tokens only, as in `response_logits`, so left padding changes nothing.
         """
         device = self.value_head.weight.device
-        input_ids, attention_mask = batch.input_ids, batch.attention_mask
-        if rows is not None:
-            input_ids, attention_mask = input_ids[rows], attention_mask[rows]
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-        width = batch.prompts.shape[1]
-        return self(input_ids, attention_mask, position_ids)[:, width - 1 : -1]
+        return self(input_ids, attention_mask, position_ids)[:, prompt_width - 1 : -1]

@@ -2,9 +2,11 @@
 
 Each rank trains on the micro-batches routed to it (m % world_size == rank); gradients are averaged over ranks
 before every optimizer step, and minibatches are drawn over the step's global batch by a generator seeded identically
-everywhere, so the ranks stay identical and any rank count trains the same update (`core.data_parallel`). Rank 0
-broadcasts the weights to the rollout and inference groups, writes checkpoints and writes the final model as an
-ordinary Hugging Face folder.
+everywhere, so any rank count trains the same update (`core.data_parallel`). `actor.strategy` says how the ranks hold
+the models (`rlplace.core.strategies`): a full replica each (ddp) or a shard each (fsdp). Either way the rollout and
+inference groups receive full tensors, gathered bucket by bucket (`core.weights`), checkpoints hold every rank's part
+(`torch.distributed.checkpoint`, resumable under another rank count and strategy), and rank 0 writes the final model
+as an ordinary Hugging Face folder.
 
 With runner.max_staleness = K > 0 a rank holds up to K steps' micro-batches received and not yet trained on
 (`pending`, part of its checkpoint). Their old log-probs are the behaviour policy's (the inference worker computed
@@ -21,11 +23,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rlplace.core import strategies
 from rlplace.core.data_parallel import Shard
-from rlplace.core.gradients import average_grads
 from rlplace.core.offload import HostCopies, move
 from rlplace.core.pending import load_pending, save_pending
 from rlplace.core.rng import rng_states, set_rng_states
+from rlplace.core.strategies.base import build_strategy
+from rlplace.core.strategies.training_state import load_training_state, save_training_state
 from rlplace.core.weights import broadcast_weights
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningConfig
@@ -37,7 +41,9 @@ from rlplace.reasoning.update import compute_advantages, llm_update
 from rlplace.scheduler import Channel, Worker, timer
 
 STATE_FILE = "actor.pt"
-"""The actor's part of a checkpoint folder."""
+"""The actor's counters in a checkpoint folder: the minibatch generator, the RNG states and the weight version."""
+MODELS_DIR = "actor"
+"""The actor's models and optimizers in a checkpoint folder, every rank's part (`training_state`)."""
 
 
 class LLMActorWorker(Worker):
@@ -45,13 +51,17 @@ class LLMActorWorker(Worker):
         self.cfg = cfg
         self.model_path = model_path
         torch.manual_seed(cfg.runner.seed)
-        self.policy = load_causal_lm(model_path, self.device).train()
-        alg = cfg.algorithm
+        actor, alg = cfg.actor, cfg.algorithm
+        name = strategies.resolve(actor.strategy, actor.dtype, self.world_size, self.device.type == "cuda")
+        self.strategy = build_strategy(name, self.world_size, self.device, actor.dtype, self.average_over_group)
+        if self.world_size > 1 or self.strategy.collective_passes:
+            self.init_process_group()
+        self.policy = self._trainable(load_causal_lm(model_path, self.device))
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=alg.lr, weight_decay=0.0)
         self.critic: ValueModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if alg.has_critic:
-            self.critic = ValueModel.from_pretrained(model_path).to(self.device).train()
+            self.critic = self._trainable(ValueModel.from_pretrained(model_path).to(self.device))
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=alg.critic_lr, weight_decay=0.0)
         self.host_copies = HostCopies()
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
@@ -66,17 +76,24 @@ class LLMActorWorker(Worker):
         self.advantages: torch.Tensor | None = None
         self.returns: torch.Tensor | None = None
         self.old_values: torch.Tensor | None = None
-        if self.world_size > 1:
-            self.init_process_group()
+
+    def _trainable(self, model: nn.Module) -> nn.Module:
+        """`model` in train mode, with activation checkpointing per decoder layer if asked, under the strategy."""
+        if self.cfg.actor.gradient_checkpointing:
+            for part in model.modules():
+                if getattr(part, "supports_gradient_checkpointing", False):
+                    part.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                    break
+        return self.strategy.wrap(model.train())
 
     @timer("sync_weights")
     def sync_weights(self) -> int:
-        """Rank 0 broadcasts the policy's weights and version to every rollout and inference rank, in buckets."""
-        if self.rank == 0:
-            for group in ("rollout", "inference"):
-                broadcast_weights(
-                    self, self.policy, self.version, dst_group=group, bucket_mb=self.cfg.weight_sync.bucket_mb
-                )
+        """Rank 0 broadcasts the policy's weights and version to every rollout and inference rank, in buckets (each
+        gathered from every rank's shards when they are sharded)."""
+        for group in ("rollout", "inference"):
+            broadcast_weights(
+                self, self.policy, self.version, dst_group=group, bucket_mb=self.cfg.weight_sync.bucket_mb
+            )
         return self.version
 
     def recv_batch(self, num_micro_batches: int, inbox: Channel) -> dict[str, float]:
@@ -131,7 +148,6 @@ class LLMActorWorker(Worker):
             for optimizer, lr in ((self.optimizer, alg.lr), (self.critic_optimizer, alg.critic_lr)):
                 for group in optimizer.param_groups if optimizer is not None else []:
                     group["lr"] = lr * (1.0 - step / self.cfg.runner.max_steps)
-        allreduce = self._average_grads if self.world_size > 1 else None
         stats = llm_update(
             self.policy,
             self.optimizer,
@@ -144,15 +160,13 @@ class LLMActorWorker(Worker):
             returns=self.returns,
             old_values=self.old_values,
             behaviour_logprobs=self.behaviour_logprobs,
-            allreduce_grads=allreduce,
+            strategy=self.strategy,
             shard=self.shard,
+            max_tokens_per_micro_batch=self.cfg.actor.max_tokens_per_micro_batch,
         )
         self.version += 1
         stats["async/staleness"] = float(step - self.batch.version)
         return stats
-
-    def _average_grads(self, module: nn.Module) -> None:
-        average_grads([p.grad for p in module.parameters() if p.grad is not None], self.average_over_group)
 
     def _shard(self, parts: list[SequenceBatch]) -> Shard:
         """Where this rank's rows (its micro-batches, concatenated in index order as `SequenceBatch.concat` does) lie
@@ -162,42 +176,34 @@ class LLMActorWorker(Worker):
         num_micro_batches = self.cfg.task.prompts_per_step // self.cfg.rollout.micro_batch_prompts
         ordered = sorted(parts, key=lambda part: part.index)
         index = torch.cat([part.index * rows + torch.arange(part.num_rows) for part in ordered])
-        return Shard(index, num_micro_batches * rows, self.world_size, self._sum_over_group)
+        return Shard(index, num_micro_batches * rows, self.world_size, self._sum_over_group, self.rank)
 
     def _sum_over_group(self, tensor: torch.Tensor) -> None:
         self.average_over_group(tensor)
         tensor.mul_(self.world_size)
 
-    def save_checkpoint(self, folder: str) -> None:
-        """Rank 0 writes the policy (and critic) with their optimizers, the minibatch generator, the process's RNG
-        states and the weight version into `folder`: every rank holds the same ones, and a resumed update then
-        shuffles, steps and draws exactly as the uninterrupted one would. Every rank writes its pending micro-batches
-        (asynchronous training) to `pending/<rank>.pt`."""
-        save_pending(folder, self.rank, self.pending)
-        if self.rank != 0:
-            return
-        state = {
-            "policy": self.policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.get_state(),
-            "rng": rng_states(),
-            "version": self.version,
-        }
+    def _trained(self) -> dict[str, tuple[nn.Module, torch.optim.Optimizer]]:
+        parts: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {"policy": (self.policy, self.optimizer)}
         if self.critic is not None and self.critic_optimizer is not None:
-            state["critic"] = self.critic.state_dict()
-            state["critic_optimizer"] = self.critic_optimizer.state_dict()
-        torch.save(state, Path(folder) / STATE_FILE)
+            parts["critic"] = (self.critic, self.critic_optimizer)
+        return parts
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Every rank writes its part of the policy (and critic) with their optimizers into `folder/actor`, and its
+        pending micro-batches (asynchronous training) to `pending/<rank>.pt`; rank 0 writes the minibatch generator,
+        the process's RNG states and the weight version, which every rank holds alike. A resumed update then shuffles,
+        steps and draws exactly as the uninterrupted one would."""
+        save_pending(folder, self.rank, self.pending)
+        save_training_state(Path(folder) / MODELS_DIR, self._trained())
+        if self.rank == 0:
+            state = {"generator": self.generator.get_state(), "rng": rng_states(), "version": self.version}
+            torch.save(state, Path(folder) / STATE_FILE)
 
     def load_checkpoint(self, folder: str) -> None:
-        """Every rank restores what rank 0 wrote, and takes the pending micro-batches it trains on now, whichever
-        ranks wrote them. Loaded to CPU: the generator's state must stay there, and `load_state_dict` copies
-        weights and optimizer moments onto the devices of the live parameters."""
+        """Every rank reads its part of the models and optimizers, whichever rank count and strategy wrote them, the
+        counters rank 0 wrote, and the pending micro-batches it trains on now, whichever ranks wrote them."""
+        load_training_state(Path(folder) / MODELS_DIR, self._trained())
         state = torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=False)
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.critic is not None and self.critic_optimizer is not None:
-            self.critic.load_state_dict(state["critic"])
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.generator.set_state(state["generator"])
         set_rng_states(state["rng"])
         self.version = state["version"]
@@ -208,13 +214,15 @@ class LLMActorWorker(Worker):
         )
 
     def save_model(self, folder: str) -> None:
-        """Rank 0 writes the policy and tokenizer as a Hugging Face folder, atomically (temporary folder, rename)."""
+        """Rank 0 writes the policy and tokenizer as a Hugging Face folder, atomically (temporary folder, rename),
+        its weights gathered from every rank's shards on the CPU."""
+        state = self.strategy.full_state_dict(self.policy)
         if self.rank != 0:
             return
         final = Path(folder)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.policy.save_pretrained(tmp)
+        self.policy.save_pretrained(tmp, state_dict=state)
         load_tokenizer(self.model_path).save_pretrained(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)

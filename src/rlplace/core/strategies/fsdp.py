@@ -1,0 +1,57 @@
+"""`actor.strategy = fsdp`: PyTorch's FSDP2 shards parameters, gradients and optimizer state over the ranks.
+
+One FSDP unit per decoder layer (the classes a Hugging Face model lists in `_no_split_modules`) plus the root: a rank
+gathers one layer's weights at a time for its forward and backward passes and frees them after, so its peak holds
+its shards plus about one layer in full. Gradients are reduce-scattered (averaged) during the backward pass, and the
+optimizer steps on each rank's shards alone. With `actor.dtype = bf16` the gathered weights compute in bfloat16 while
+the shards, the optimizer and the gradient reduction stay float32 (FSDP2's `MixedPrecisionPolicy`); outputs come
+back in float32, so log-probs and losses are taken at full precision.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from rlplace.core.strategies.base import Strategy
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The submodules of the layer classes that `model`'s Hugging Face parts name as indivisible
+    (`_no_split_modules`): the decoder layers, the unit a transformer is sharded by."""
+    names = {name for module in model.modules() for name in getattr(module, "_no_split_modules", None) or ()}
+    layers = [module for module in model.modules() if type(module).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} names no decoder layer class (_no_split_modules) to shard by")
+    return layers
+
+
+class FullyShard(Strategy):
+    """FSDP2 over this group's default process group (one mesh dimension: every rank holds one shard)."""
+
+    collective_passes: ClassVar[bool] = True
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        inner = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=mesh, mp_policy=inner)
+        outer = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
+        fully_shard(model, mesh=mesh, mp_policy=outer)
+        return model
+
+    def reduce_grads(self, model: nn.Module) -> None:
+        """Nothing left to do: the backward pass reduce-scattered them."""
+
+    def sync_grads(self, model: nn.Module, enabled: bool) -> None:
+        assert isinstance(model, FSDPModule), "wrap the model first"
+        model.set_requires_gradient_sync(enabled)
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, Tensor]:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options)

@@ -1,0 +1,149 @@
+"""Actor ranks as processes of their own (torch.multiprocessing, gloo over a file), training a tiny Qwen2 with
+`llm_update` under a training strategy: what tests/reasoning/test_sharded.py compares across strategies, rank counts,
+precisions and checkpoints. Each rank writes what it measured to `<out>/<name>.rank<r>.pt`."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlplace.core.data_parallel import Shard
+from rlplace.core.offload import HostCopies, _tensors, move
+from rlplace.core.strategies.base import build_strategy
+from rlplace.core.strategies.training_state import load_training_state, save_training_state
+from rlplace.reasoning.batch import SequenceBatch, response_logprobs
+from rlplace.reasoning.config import ReasoningAlgorithmConfig
+from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
+from rlplace.reasoning.models.tiny_qwen2 import TinyQwen2Shape, build_tiny_qwen2
+from rlplace.reasoning.tasks.prompts import Problem
+from rlplace.reasoning.update import compute_advantages, llm_update
+
+SHAPE = TinyQwen2Shape(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=512)
+"""About 2.6 M parameters: four decoder layers to shard by, as a real model has many."""
+PROMPTS = ["12+7=", "3+4=", "30+45=", "8+8=", "1+1=", "62+9=", "5+17=", "40+2="]
+RESPONSES = ["19", "8", "75", "16", "2", "71", "22", "42", "1", "7", "77", "61", "20", "71", "12", "43"]
+GROUP = 2
+STEPS = 3
+ALGORITHM = ReasoningAlgorithmConfig(
+    name="grpo", group_size=GROUP, update_epochs=1, num_minibatches=2, ent_coef=0.0, max_grad_norm=1.0, lr=1e-3
+)
+
+
+def build_model(folder: Path) -> Path:
+    return build_tiny_qwen2(folder, PROMPTS + RESPONSES, SHAPE)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One group of ranks' run: `steps` GRPO steps from the model folder, or from `resume` (a checkpoint folder's name
+    in the output folder, waited for), saving a checkpoint named `save` after `save_after` steps, with an
+    offload/onload round trip after the first step."""
+
+    name: str
+    strategy: str
+    world_size: int
+    dtype: str = "fp32"
+    steps: tuple[int, ...] = tuple(range(STEPS))
+    save: str | None = None
+    save_after: int = 2
+    resume: str | None = None
+
+
+def batch_of(folder: Path, rank: int, world_size: int) -> tuple[SequenceBatch, Shard | None]:
+    """This rank's groups (every world_size-th) of the 8 prompts x 2 responses, with fixed 0/1 rewards."""
+    tokenizer = load_tokenizer(folder)
+    groups = [g for g in range(len(PROMPTS)) if g % world_size == rank]
+    rows = [g * GROUP + i for g in groups for i in range(GROUP)]
+    prompts = [PROMPTS[r // GROUP] for r in rows]
+    encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
+    ids = [tokenizer(RESPONSES[r], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for r in rows]
+    width = max(len(i) for i in ids)
+    responses = torch.zeros(len(ids), width, dtype=torch.long)
+    mask = torch.zeros_like(responses)
+    for row, tokens in enumerate(ids):
+        responses[row, : len(tokens)], mask[row, : len(tokens)] = torch.tensor(tokens), 1
+    rewards = torch.tensor([float(r % 3 == 0) for r in rows])
+    problems = [Problem(p, RESPONSES[r]) for p, r in zip(prompts, rows, strict=True)]
+    batch = SequenceBatch(0, encoded["input_ids"], encoded["attention_mask"], responses, mask, problems, rewards)
+    shard = None
+    if world_size > 1:
+        total = len(PROMPTS) * GROUP
+
+        def sum_over_ranks(tensor: torch.Tensor) -> None:
+            dist.all_reduce(tensor)
+
+        shard = Shard(torch.tensor(rows), total, world_size, sum_over_ranks, rank)
+    return batch, shard
+
+
+def run_rank(rank: int, world_size: int, jobs: list[Job], folder: Path, out: Path, init_file: str) -> None:
+    """One rank of a group that runs `jobs` in turn (their world size: `world_size`)."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        for job in jobs:
+            assert job.world_size == world_size
+            _run_job(rank, job, folder, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_job(rank: int, job: Job, folder: Path, out: Path) -> None:
+    """Writes {"stats": per step, "weights": the policy's full state (rank 0), "offload": ...} of one rank of `job`."""
+    torch.manual_seed(0)
+    cpu = torch.device("cpu")
+    average = functools.partial(_mean, job.world_size)
+    strategy = build_strategy(job.strategy, job.world_size, cpu, job.dtype, average)
+    policy = strategy.wrap(load_causal_lm(folder).train())
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=ALGORITHM.lr, weight_decay=0.0)
+    if job.resume is not None:
+        _wait_for(out / job.resume / ".done")
+        load_training_state(out / job.resume, {"policy": (policy, optimizer)})
+    batch, shard = batch_of(folder, rank, job.world_size)
+    stats: dict[int, dict[str, float]] = {}
+    offload: dict[str, object] = {}
+    for step in job.steps:
+        batch.old_logprobs = response_logprobs(policy, batch)
+        sum_over_ranks = None if shard is None else shard.sum_over_ranks
+        advantages, _ = compute_advantages(batch, ALGORITHM, None, sum_over_ranks)
+        generator = torch.Generator().manual_seed(step)
+        stats[step] = llm_update(
+            policy, optimizer, batch, advantages, ALGORITHM, generator, strategy=strategy, shard=shard
+        )
+        if step == job.steps[0]:
+            offload = _round_trip(policy, optimizer, cpu)
+        if job.save is not None and step + 1 == job.save_after:
+            save_training_state(out / job.save, {"policy": (policy, optimizer)})
+            dist.barrier()
+            if rank == 0:
+                (out / job.save / ".done").touch()
+    weights = strategy.full_state_dict(policy)
+    torch.save({"stats": stats, "weights": weights, "offload": offload}, out / f"{job.name}.rank{rank}.pt")
+
+
+def _mean(world_size: int, tensor: torch.Tensor) -> None:
+    dist.all_reduce(tensor)
+    tensor.div_(world_size)
+
+
+def _round_trip(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> dict[str, object]:
+    """Offload and onload this rank's state to and from `device` (the CPU here: a recorded no-op); whether every
+    value came back."""
+    before = [t.to_local().clone() if hasattr(t, "to_local") else t.clone() for _, _, t in _tensors(policy, optimizer)]
+    host = HostCopies()
+    moved = move(policy, optimizer, device, host).bytes + move(policy, optimizer, device, host).bytes
+    after = [t.to_local() if hasattr(t, "to_local") else t for _, _, t in _tensors(policy, optimizer)]
+    same = len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    return {"bytes": moved, "same": same, "tensors": len(before)}
+
+
+def _wait_for(path: Path, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} was not written within {timeout_s} s")
+        time.sleep(0.05)
