@@ -50,3 +50,48 @@ def test_round_trips_keep_every_value_reuse_the_pinned_memory_and_leave_adam_ste
         assert all(t.device == cuda and torch.equal(t, e) for t, e in zip(back, on_device, strict=True))
         assert all(state["step"].device == CPU for state in optimizer.state.values())
         optimizer.step()  # new values for the next round trip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_sharded_state_round_trips_every_value(tmp_path) -> None:
+    """An FSDP2-sharded model (`actor.strategy = fsdp`), its gradients and AdamW state: off the GPU and back, every
+    shard's value kept, and training goes on."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlplace.core.strategies.fsdp import FullyShard
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        cuda = torch.device("cuda", torch.cuda.current_device())
+        config = Qwen2Config(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+        model = FullyShard(1, cuda).wrap(Qwen2ForCausalLM(config).to(cuda))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, 256, (2, 8), device=cuda)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+
+        def local(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+        on_device = [local(t).clone() for _, _, t in _tensors(model, optimizer)]
+        host = HostCopies()
+        offloaded = move(model, optimizer, CPU, host)
+        assert offloaded.bytes == sum(t.numel() * t.element_size() for t in on_device)
+        assert all(local(t).device == CPU for _, _, t in _tensors(model, optimizer))
+        move(model, optimizer, cuda, host)
+        back = [local(t) for _, _, t in _tensors(model, optimizer)]
+        assert all(t.device == cuda and torch.equal(t, e) for t, e in zip(back, on_device, strict=True))
+        model(input_ids=ids, labels=ids).loss.backward()  # FSDP2 gathers from the moved shards
+        optimizer.step()
+    finally:
+        dist.destroy_process_group()

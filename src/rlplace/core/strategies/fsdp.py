@@ -1,9 +1,12 @@
 """`actor.strategy = fsdp`: PyTorch's FSDP2 shards parameters, gradients and optimizer state over the ranks.
 
-One FSDP unit per decoder layer (the classes a Hugging Face model lists in `_no_split_modules`) plus the root: a rank
-gathers one layer's weights at a time for its forward and backward passes and frees them after, so its peak holds
-its shards plus about one layer in full. Gradients are reduce-scattered (averaged) during the backward pass, and the
-optimizer steps on each rank's shards alone. With `actor.dtype = bf16` the gathered weights compute in bfloat16 while
+One FSDP unit per decoder layer (the classes a Hugging Face model lists in `_no_split_modules`), one each for untied
+input and output embeddings, and the root for what remains (final norm, tied embeddings): a rank gathers one unit's
+weights at a time for its forward and backward passes and frees them after, so its peak holds its shards plus about
+one unit in full. Embeddings get units of their own because a vocabulary-sized matrix is often larger than a layer,
+and the root's weights stay gathered from the forward pass to the backward one (benchmarks/actor_memory.py measures
+the peak). Gradients are reduce-scattered (averaged) during the backward pass, and the optimizer steps on each rank's
+shards alone. With `actor.dtype = bf16` the gathered weights compute in bfloat16 while
 the shards, the optimizer and the gradient reduction stay float32 (FSDP2's `MixedPrecisionPolicy`); outputs come
 back in float32, so log-probs and losses are taken at full precision.
 """
@@ -31,6 +34,15 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+def embeddings(model: nn.Module) -> list[nn.Module]:
+    """The input and output embeddings of `model`'s outermost Hugging Face part, unless they share their weight."""
+    part = next((m for m in model.modules() if hasattr(m, "get_input_embeddings") and hasattr(m, "config")), None)
+    if part is None or getattr(part.config, "tie_word_embeddings", False):
+        return []
+    found = [part.get_input_embeddings(), getattr(part, "get_output_embeddings", lambda: None)()]
+    return [module for module in found if module is not None]
+
+
 class FullyShard(Strategy):
     """FSDP2 over this group's default process group (one mesh dimension: every rank holds one shard)."""
 
@@ -39,8 +51,8 @@ class FullyShard(Strategy):
     def wrap(self, model: nn.Module) -> nn.Module:
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         inner = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
-        for layer in decoder_layers(model):
-            fully_shard(layer, mesh=mesh, mp_policy=inner)
+        for unit in decoder_layers(model) + embeddings(model):
+            fully_shard(unit, mesh=mesh, mp_policy=inner)
         outer = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
         fully_shard(model, mesh=mesh, mp_policy=outer)
         return model

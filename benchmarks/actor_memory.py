@@ -1,0 +1,107 @@
+"""Each actor rank's memory for parameters, gradients and optimizer state: one full replica against FSDP2 shards.
+
+A Qwen2-shaped model (12 decoder layers, hidden 512, vocabulary 8,192: about 45 M parameters, random init) takes two
+AdamW steps as the reasoning actor takes them (`rlplace.core.strategies`): `ddp` on 1 rank, `fsdp` on 1, 2 and 4
+ranks (processes of their own, gloo over the CPU). PyTorch's memory trackers (`torch.distributed._tools`: a dispatch
+mode that sees every tensor allocation and files it as parameter, gradient, optimizer state, activation, ...) report
+each rank's categories at its peak; the table shows rank 0's (ranks hold equal shards). Parameters count the gathered
+units held in full during a pass (FSDP2's unsharded parameters: one decoder layer, or the root's embeddings and head)
+beside the shards. The ideal is the 1-rank figure / N.
+
+    .venv/bin/python benchmarks/actor_memory.py
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from results import write_section
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from rlplace.core.strategies.base import build_strategy
+
+CONFIG = Qwen2Config(
+    vocab_size=8192,
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=12,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    tie_word_embeddings=False,
+)
+RUNS = (("ddp", 1), ("fsdp", 1), ("fsdp", 2), ("fsdp", 4))
+STEPS = 2
+MIB = 2**20
+PARAMS = ("PARAM", "SHARDED_PARAM", "UNSHARDED_PARAM")
+GRADS = ("GRAD", "SHARDED_GRAD", "UNSHARDED_GRAD")
+
+
+def rank_peak(rank: int, strategy: str, world_size: int, init: str, out: Path) -> None:
+    """Two AdamW steps of one rank under `strategy`; writes its peak's categories (bytes) to `out`."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    trainer = build_strategy(strategy, world_size, torch.device("cpu"))
+    model = trainer.wrap(Qwen2ForCausalLM(CONFIG).train())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, CONFIG.vocab_size, (2, 64), generator=torch.Generator().manual_seed(rank))
+    if strategy == "fsdp":
+        tracker = FSDPMemTracker(model, optimizer)
+    else:
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+    with tracker:
+        for _ in range(STEPS):  # the optimizer state exists from the first step on: the second is the steady one
+            model(input_ids=ids, labels=ids).loss.backward()
+            trainer.reduce_grads(model)
+            optimizer.step()
+            tracker.reset_mod_stats()
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    torch.save({str(kind).rsplit(".", 1)[-1]: int(size) for kind, size in peak.items()}, out / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def measure(strategy: str, world_size: int) -> dict[str, int]:
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch)
+        mp.spawn(rank_peak, args=(strategy, world_size, str(out / "init"), out), nprocs=world_size)
+        return torch.load(out / "rank0.pt")
+
+
+def main() -> None:
+    parameters = sum(p.numel() for p in Qwen2ForCausalLM(CONFIG).parameters())
+    rows = []
+    baseline = None
+    for strategy, world_size in RUNS:
+        peak = measure(strategy, world_size)
+        params = sum(peak.get(k, 0) for k in PARAMS)
+        grads = sum(peak.get(k, 0) for k in GRADS)
+        total = params + grads + peak["OPT"]
+        baseline = baseline or total
+        rows.append(
+            f"| {strategy} | {world_size} | {params / MIB:.0f} | {grads / MIB:.0f} | {peak['OPT'] / MIB:.0f} | "
+            f"{total / MIB:.0f} | {baseline / world_size / MIB:.0f} | {total / baseline:.0%} |"
+        )
+        print(rows[-1], file=sys.stderr)
+    table = "\n".join(
+        [
+            f"Qwen2-shaped, {parameters / 1e6:.1f} M parameters, float32, AdamW; rank 0's peak, MiB.",
+            "",
+            "| strategy | ranks | parameters | gradients | optimizer | total | ideal (1/N) | of 1 rank |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            *rows,
+        ]
+    )
+    print(table)
+    write_section("actor_memory.py", table)
+
+
+if __name__ == "__main__":
+    main()
