@@ -5,8 +5,9 @@ AdamW steps as the reasoning actor takes them (`rlplace.core.strategies`): `ddp`
 ranks (processes of their own, gloo over the CPU). PyTorch's memory trackers (`torch.distributed._tools`: a dispatch
 mode that sees every tensor allocation and files it as parameter, gradient, optimizer state, activation, ...) report
 each rank's categories at its peak; the table shows rank 0's (ranks hold equal shards). Parameters count the gathered
-units held in full during a pass (FSDP2's unsharded parameters: one decoder layer, or the root's embeddings and head)
-beside the shards. The ideal is the 1-rank figure / N.
+units held in full during a pass (FSDP2's unsharded parameters: one decoder layer or embedding matrix) beside the
+shards. The ideal is the 1-rank figure / N. Next to the measurement, the planner's prediction of the same rank's
+state and peak (`rlplace.planner.memory`, as `rlplace-plan` predicts the reasoning actor's).
 
     .venv/bin/python benchmarks/actor_memory.py
 """
@@ -24,6 +25,7 @@ from results import write_section
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlplace.core.strategies.base import build_strategy
+from rlplace.planner.memory import TransformerShape
 
 CONFIG = Qwen2Config(
     vocab_size=8192,
@@ -36,9 +38,22 @@ CONFIG = Qwen2Config(
 )
 RUNS = (("ddp", 1), ("fsdp", 1), ("fsdp", 2), ("fsdp", 4))
 STEPS = 2
+ROWS, SEQ_LEN = 2, 64
 MIB = 2**20
 PARAMS = ("PARAM", "SHARDED_PARAM", "UNSHARDED_PARAM")
 GRADS = ("GRAD", "SHARDED_GRAD", "UNSHARDED_GRAD")
+WORKING = ("ACT", "TEMP", "ALL_GATHER", "REDUCE_SCATTER")
+"""What a pass holds beyond the training state: activations, temporaries, collective buffers."""
+
+
+def predicted(strategy: str, world_size: int) -> tuple[int, int]:
+    """The planner's (`rlplace.planner.memory`) training state and peak for one rank, as `rlplace.reasoning.memory`
+    predicts the actor's."""
+    shape = TransformerShape.from_config(CONFIG.to_dict())
+    state = 16 * shape.parameters()
+    if strategy == "fsdp":
+        state = state // world_size + shape.largest_unit() * 8
+    return state, state + shape.activation_bytes(ROWS, SEQ_LEN, checkpointing=False)
 
 
 def rank_peak(rank: int, strategy: str, world_size: int, init: str, out: Path) -> None:
@@ -51,7 +66,7 @@ def rank_peak(rank: int, strategy: str, world_size: int, init: str, out: Path) -
     trainer = build_strategy(strategy, world_size, torch.device("cpu"))
     model = trainer.wrap(Qwen2ForCausalLM(CONFIG).train())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, CONFIG.vocab_size, (2, 64), generator=torch.Generator().manual_seed(rank))
+    ids = torch.randint(0, CONFIG.vocab_size, (ROWS, SEQ_LEN), generator=torch.Generator().manual_seed(rank))
     if strategy == "fsdp":
         tracker = FSDPMemTracker(model, optimizer)
     else:
@@ -84,18 +99,25 @@ def main() -> None:
         params = sum(peak.get(k, 0) for k in PARAMS)
         grads = sum(peak.get(k, 0) for k in GRADS)
         total = params + grads + peak["OPT"]
+        working = sum(peak.get(k, 0) for k in WORKING)
         baseline = baseline or total
+        state, whole = predicted(strategy, world_size)
         rows.append(
             f"| {strategy} | {world_size} | {params / MIB:.0f} | {grads / MIB:.0f} | {peak['OPT'] / MIB:.0f} | "
-            f"{total / MIB:.0f} | {baseline / world_size / MIB:.0f} | {total / baseline:.0%} |"
+            f"{total / MIB:.0f} | {baseline / world_size / MIB:.0f} | {total / baseline:.0%} | {state / MIB:.0f} | "
+            f"{working / MIB:.0f} | {(total + working) / MIB:.0f} | {whole / MIB:.0f} | "
+            f"{whole / (total + working) - 1:+.0%} |"
         )
         print(rows[-1], file=sys.stderr)
     table = "\n".join(
         [
-            f"Qwen2-shaped, {parameters / 1e6:.1f} M parameters, float32, AdamW; rank 0's peak, MiB.",
+            f"Qwen2-shaped, {parameters / 1e6:.1f} M parameters, float32, AdamW, passes of {ROWS} x {SEQ_LEN} "
+            "tokens; rank 0's peak, MiB. Training state = parameters + gradients + optimizer; working = activations, "
+            "temporaries and collective buffers; predicted = `rlplace.planner.memory`.",
             "",
-            "| strategy | ranks | parameters | gradients | optimizer | total | ideal (1/N) | of 1 rank |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| strategy | ranks | parameters | gradients | optimizer | state | ideal (1/N) | of 1 rank | predicted state "
+            "| working | peak | predicted peak | error |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             *rows,
         ]
     )

@@ -25,6 +25,7 @@ from rlplace.embodied import config as embodied_config
 from rlplace.placement import ComponentPlacement, HybridComponentPlacement
 from rlplace.reasoning import checks as reasoning_checks
 from rlplace.reasoning import config as reasoning_config
+from rlplace.reasoning import memory as reasoning_memory
 from rlplace.reasoning.tasks import TASKS as REASONING_TASKS
 
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ class Family:
     own_sections: tuple[str, ...] = ()
     """Sections of this family alone whose config group's options start from `/schema/<section>/<family>` (the
     reasoning `reward`); other families' runs leave them unset."""
+    memory: Callable[[Any, ComponentPlacement], Any] | None = None
+    """The predicted device memory per device and phase (an object with `to_dict()`, or None when unknown), for
+    `rlplace-plan`; None where the family has no memory model yet."""
     option_schemas: Mapping[str, Registry[type]] = field(default_factory=dict)
     """Sections whose options each start from a schema of their own (schema per option): section -> the registry of
     those schemas by name, each an extension of the section's dataclass. Options of the other sections start from
@@ -96,6 +100,7 @@ FAMILIES = (
         reasoning_checks.check_reasoning,
         _reasoning_launcher,
         own_sections=("reward", "actor"),
+        memory=reasoning_memory.predict_memory,
         option_schemas={"task": REASONING_TASKS},
     ),
 )

@@ -94,14 +94,37 @@ def render_predictions(found: dict[str, Any], console: Console) -> None:
     console.print("assumptions: " + "; ".join(prediction["assumptions"]))
 
 
+def memory(plan: Plan) -> dict[str, Any]:
+    """The family's predicted device memory, where it has a model of it and the model's shape is known."""
+    predicted = plan.family.memory(plan.cfg, plan.placement) if plan.family.memory is not None else None
+    return {} if predicted is None else {"memory": predicted.to_dict()}
+
+
+def render_memory(found: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"predicted device memory, GB (sequences of {found['seq_len']} tokens)")
+    phases = list(dict.fromkeys(phase for by_phase in found["devices_gb"].values() for phase in by_phase))
+    table.add_column("device", justify="right")
+    for phase in phases:
+        table.add_column(phase, justify="right")
+    for device, by_phase in sorted(found["devices_gb"].items()):
+        table.add_row(str(device), *(f"{by_phase.get(phase, 0.0):.3g}" for phase in phases))
+    console.print(table)
+    shares = ", ".join(
+        f"{name} {u['resident']:.3g} idle / {u['working']:.3g} working" for name, u in found["components_gb"].items()
+    )
+    console.print(f"per rank: {shares}")
+
+
 def print_plan(plan: Plan) -> None:
-    found = predictions(plan)
+    found = {**predictions(plan), **memory(plan)}
     if plan.cfg.plan.format == "json":
         print(json.dumps({**plan.placement.to_dict(), **found}))
         return
     console = Console()
     render_table(plan, console)
-    if found:
+    if "memory" in found:
+        render_memory(found["memory"], console)
+    if "prediction" in found:
         render_predictions(found, console)
 
 

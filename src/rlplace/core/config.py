@@ -63,11 +63,16 @@ class ClusterConfig:
     """Most worker processes per CPU core a cpu cluster may be asked to run; more is refused before launch."""
     component_placement: dict[str, Any] = field(default_factory=dict)
     """Component (or `a,b` for several) -> devices; the grammar is in docs/placement.md and rlplace.placement."""
+    device_memory_gb: float | None = None
+    """Memory of each device in GB: reasoning runs whose predicted peak on some device exceeds it are refused before
+    anything starts (`rlplace.reasoning.memory`); None checks nothing."""
 
     def __post_init__(self) -> None:
         check(self.num_nodes >= 1, "cluster.num_nodes", self.num_nodes, "at least 1")
         check(self.num_devices_per_node >= 1, "cluster.num_devices_per_node", self.num_devices_per_node, "at least 1")
         check_choice("cluster.device_type", self.device_type, ("cpu", "gpu"))
+        memory = self.device_memory_gb
+        check(memory is None or memory > 0, "cluster.device_memory_gb", memory, "null or positive")
         check(
             self.cpus_per_device is None or self.cpus_per_device >= 1,
             "cluster.cpus_per_device",

@@ -56,6 +56,24 @@ def switch_plan(
     return plan
 
 
+def offloaded_during(
+    phases: Phases,
+    devices: Mapping[str, frozenset[int]],
+    offloadable: Mapping[str, bool],
+) -> dict[str, frozenset[str]]:
+    """The components off their devices during each phase (after its switch), in steady state: what the memory
+    model leaves out of a phase's sum."""
+    plan = switch_plan(phases, devices, offloadable)
+    offloaded: set[str] = set()
+    during: dict[str, frozenset[str]] = {}
+    for _ in range(2):
+        for name, _ in phases:
+            offloaded.update(plan[name].offload)
+            offloaded.difference_update(plan[name].onload)
+            during[name] = frozenset(offloaded)
+    return during
+
+
 @dataclass(frozen=True)
 class AsyncSchedule:
     """Which rollouts each training step generates with K = runner.max_staleness, so that the batch of step t always

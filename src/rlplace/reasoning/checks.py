@@ -11,6 +11,7 @@ from rlplace.core.errors import ConfigError
 from rlplace.placement import ComponentPlacement
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.generation.backends import BACKENDS
+from rlplace.reasoning.memory import check_memory
 from rlplace.reasoning.models.hf_folder import check_model_folder, check_reward_model_folder
 from rlplace.reasoning.tasks import make_prompt_source
 
@@ -19,7 +20,7 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
     """No runner option built for embodied tasks only (profile); micro-batches divide the prompts and the actor
     ranks; each rank has enough responses for its minibatches; the task's problems can be made (its data files
     read and checked); the model folder, the reward model's (a classifier with one output) and what the backend
-    requires exist when asked for."""
+    requires exist when asked for; the predicted device memory fits cluster.device_memory_gb."""
     task, rollout = cfg.task, cfg.rollout
     if cfg.runner.profile:
         raise ConfigError(
@@ -55,6 +56,7 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
                 "algorithm.filter_groups = true is invalid with reward.model_path: groups are filtered by the rule "
                 "reward where they are generated, before the reward model scores them (valid: false)"
             )
+    check_memory(cfg, placement)
     backend = BACKENDS[rollout.backend]
     if backend.requires is not None and importlib.util.find_spec(backend.requires) is None:
         usable = [name for name in BACKENDS if BACKENDS[name].requires is None]

@@ -1,0 +1,132 @@
+"""Device memory, predicted: what each component of a run holds on its devices in each phase of a step, and the sum
+per device.
+
+Out-of-memory is the first thing that fails when components share a device, so the planner answers it before
+anything starts: from the model's shape (a Hugging Face `config.json`) and the run's sizes, each component's bytes
+per rank, resident (what stays on the device while it idles) and working (its peak inside the phase it works in);
+the switch plan says which idle components are offloaded before each phase. Arithmetic only, like the rest of the
+planner. Family modules turn their config into `Usage` (`rlplace.reasoning.memory`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """A decoder-only transformer (Llama, Qwen2, Mistral and alike), as its `config.json` gives it."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    tied_embeddings: bool
+    attention_bias: bool = False
+    """Biases on the query, key and value projections (Qwen2 has them)."""
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, object]) -> TransformerShape:
+        """From a Hugging Face config dict; KeyError names a field it lacks."""
+        heads = int(config["num_attention_heads"])  # type: ignore[arg-type]
+        return cls(
+            vocab_size=int(config["vocab_size"]),  # type: ignore[arg-type]
+            hidden_size=int(config["hidden_size"]),  # type: ignore[arg-type]
+            num_layers=int(config["num_hidden_layers"]),  # type: ignore[arg-type]
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),  # type: ignore[arg-type]
+            intermediate_size=int(config["intermediate_size"]),  # type: ignore[arg-type]
+            tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias=config.get("model_type") == "qwen2" or bool(config.get("attention_bias", False)),
+        )
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the keys (and of the values) of one token in one layer."""
+        return self.num_kv_heads * (self.hidden_size // self.num_heads)
+
+    def layer_parameters(self) -> int:
+        h, kv, i = self.hidden_size, self.kv_size, self.intermediate_size
+        attention = h * h * 2 + h * kv * 2 + ((h + 2 * kv) if self.attention_bias else 0)
+        return attention + 3 * h * i + 2 * h  # q, o, k, v; gate, up, down; two norms
+
+    def embedding_parameters(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def parameters(self, head: bool = True) -> int:
+        """All parameters; `head=False` without the LM head (a critic's backbone)."""
+        untied_head = head and not self.tied_embeddings
+        return (
+            self.embedding_parameters() * (2 if untied_head else 1)
+            + self.num_layers * self.layer_parameters()
+            + self.hidden_size  # the final norm
+        )
+
+    def largest_unit(self) -> int:
+        """The largest part a sharded model gathers at once: a decoder layer or a vocabulary matrix."""
+        return max(self.layer_parameters(), self.embedding_parameters())
+
+    def kv_cache_bytes(self, tokens: int, dtype_bytes: int) -> int:
+        """Keys and values of `tokens` tokens in every layer."""
+        return 2 * self.num_layers * self.kv_size * tokens * dtype_bytes
+
+    def activation_bytes(self, rows: int, seq_len: int, checkpointing: bool, dtype_bytes: int = 4) -> int:
+        """What one training pass of `rows` x `seq_len` tokens keeps for its backward pass, at its peak.
+
+        Per token and layer: the inputs of both norms and of the four attention projections, the rotated queries
+        and keys, the values, and the MLP's gate, up, activation and product (6 h + 2 kv + 4 i values); the
+        attention probabilities, heads x seq_len per token (the math kernel of a CPU keeps them); the logits and
+        their softmax for the log-probs and the entropy (3 V per token). With checkpointing each layer keeps its input
+        alone, and one layer's full set is rebuilt at a time.
+        """
+        tokens = rows * seq_len
+        h, kv, i = self.hidden_size, self.kv_size, self.intermediate_size
+        per_layer = tokens * (6 * h + 2 * kv + 4 * i + self.num_heads * seq_len)
+        layers = self.num_layers * tokens * h + per_layer if checkpointing else self.num_layers * per_layer
+        return (layers + tokens * 3 * self.vocab_size) * dtype_bytes
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One rank's device memory: `resident` bytes while it idles on its devices, `working` at its peak in a phase it
+    works in (resident included)."""
+
+    resident: int
+    working: int
+
+
+def device_peaks(
+    phases: Sequence[tuple[str, frozenset[str]]],
+    devices: Mapping[str, frozenset[int]],
+    offloaded: Mapping[str, frozenset[str]],
+    usage: Mapping[str, Usage],
+) -> dict[int, dict[str, int]]:
+    """Device -> phase -> predicted bytes: every component on the device that is not offloaded in that phase (the
+    switch plan's `offloaded` set per phase), at its working peak if it works in the phase, else resident. A
+    component's ranks each hold one device (its usage is per rank)."""
+    peaks: dict[int, dict[str, int]] = {}
+    for phase, working in phases:
+        for name, where in devices.items():
+            if name in offloaded[phase] or name not in usage:
+                continue
+            size = usage[name].working if name in working else usage[name].resident
+            for device in where:
+                peaks.setdefault(device, {}).setdefault(phase, 0)
+                peaks[device][phase] += size
+    return peaks
+
+
+def over_capacity(peaks: Mapping[int, Mapping[str, int]], capacity_gb: float) -> tuple[int, str, float] | None:
+    """The (device, phase, GB over) of the largest excess over `capacity_gb`, or None when every phase fits."""
+    worst = max(
+        ((size / GB - capacity_gb, device, phase) for device, phases in peaks.items() for phase, size in phases.items()),
+        default=None,
+    )
+    if worst is None or worst[0] <= 0:
+        return None
+    return worst[1], worst[2], worst[0]

@@ -1,0 +1,142 @@
+"""A reasoning run's device memory, predicted per device and phase (`rlplace.planner.memory`), and refused before
+anything starts when it exceeds `cluster.device_memory_gb`.
+
+Per rank, from the model folder's `config.json` and the run's sizes:
+- actor: float32 weights, gradients and AdamW's two moments (16 bytes a parameter; with `actor.strategy = fsdp` 1/N of
+  them per rank, plus one gathered unit in the compute precision and its unreduced gradient), the critic's alike
+  for ppo; working, the activations of its largest training pass;
+- rollout: the engine's weights in its precision (bfloat16 on GPUs, float32 on CPUs) and the KV cache of a
+  micro-batch's responses at full length; a vLLM engine on a GPU reserves `rollout.gpu_memory_utilization` of the
+  device instead;
+- inference: its copy of the policy and, with a KL term, the reference model, and a scoring pass's logits;
+- reward: a reward model's weights, when there is one.
+Pure Python (no torch): prompts are measured in tokens with the folder's `tokenizer.json` (`tokenizers`), or in
+characters without one; a chat template's few tokens are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlplace.core.errors import ConfigError
+from rlplace.core.schedule import offloaded_during
+from rlplace.placement import ComponentPlacement
+from rlplace.planner.memory import GB, TransformerShape, Usage, device_peaks, over_capacity
+from rlplace.reasoning.config import ReasoningConfig
+from rlplace.reasoning.phases import PHASES
+from rlplace.reasoning.tasks import make_prompt_source
+
+PROMPTS_MEASURED = 256
+"""Training prompts whose longest sets the sequence length."""
+FP32, BF16 = 4, 2
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Predicted bytes per component rank and per device and phase."""
+
+    usage: dict[str, Usage]
+    peaks: dict[int, dict[str, int]]
+    seq_len: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "seq_len": self.seq_len,
+            "components_gb": {n: {"resident": u.resident / GB, "working": u.working / GB} for n, u in self.usage.items()},
+            "devices_gb": {d: {p: b / GB for p, b in phases.items()} for d, phases in self.peaks.items()},
+        }
+
+
+def predict_memory(cfg: ReasoningConfig, placement: ComponentPlacement) -> MemoryPlan | None:
+    """The run's predicted device memory; None when the model's shape is not known before it is built (a built
+    model kind without model.path)."""
+    if cfg.model.path is None:
+        return None
+    folder = Path(cfg.model.path)
+    shape = TransformerShape.from_config(json.loads((folder / "config.json").read_text()))
+    seq_len = _longest_prompt(cfg, folder) + cfg.rollout.max_new_tokens
+    on_gpu = cfg.cluster.device_type == "gpu"
+    usage = {
+        "actor": _actor(cfg, shape, placement.get_world_size("actor"), seq_len),
+        "rollout": _rollout(cfg, shape, seq_len, on_gpu),
+        "inference": _inference(cfg, shape, seq_len, on_gpu),
+    }
+    if cfg.reward.model_path is not None:
+        reward_shape = TransformerShape.from_config(json.loads((Path(cfg.reward.model_path) / "config.json").read_text()))
+        weights = reward_shape.parameters(head=False) * (BF16 if on_gpu else FP32)
+        usage["reward"] = Usage(weights, weights)
+    devices = {name: frozenset(placement.devices_of(name)) for name in placement.components}
+    offloadable = {
+        "actor": cfg.actor.enable_offload,
+        "rollout": cfg.rollout.enable_offload,
+        "reward": cfg.reward.enable_offload and cfg.reward.model_path is not None,
+    }
+    peaks = device_peaks(PHASES, devices, offloaded_during(PHASES, devices, offloadable), usage)
+    return MemoryPlan(usage, peaks, seq_len)
+
+
+def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement) -> None:
+    """Refuse a run whose predicted peak exceeds `cluster.device_memory_gb` on some device in some phase."""
+    capacity = cfg.cluster.device_memory_gb
+    plan = predict_memory(cfg, placement) if capacity is not None else None
+    if plan is None:
+        return
+    over = over_capacity(plan.peaks, capacity)
+    if over is not None:
+        device, phase, excess = over
+        need = plan.peaks[device][phase] / GB
+        raise ConfigError(
+            f"cluster.device_memory_gb = {capacity}: device {device} needs {need:.1f} GB in phase {phase} "
+            f"({excess:.1f} GB over; `rlplace-plan` shows each component's share): place fewer components there, "
+            "offload them (placement presets' enable_offload), or shard the actor (actor.strategy=fsdp)"
+        )
+
+
+def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: int) -> Usage:
+    sharded = cfg.actor.strategy == "fsdp" or (cfg.actor.strategy == "auto" and _auto_fsdp(cfg, ranks))
+    compute = BF16 if cfg.actor.dtype == "bf16" else FP32
+    models = [shape.parameters()] + ([shape.parameters(head=False)] if cfg.algorithm.has_critic else [])
+    state = sum(16 * p for p in models)
+    if sharded:
+        state = math.ceil(state / ranks) + shape.largest_unit() * (compute + FP32)
+    rows = cfg.task.prompts_per_step * cfg.algorithm.group_size // ranks // cfg.algorithm.num_minibatches
+    budget = cfg.actor.max_tokens_per_micro_batch
+    if budget is not None:  # a pass holds as many rows of its width as fit, one at least
+        rows = max(1, min(rows, budget // seq_len))
+    activations = shape.activation_bytes(max(rows, 1), seq_len, cfg.actor.gradient_checkpointing, compute)
+    return Usage(state, state + activations)
+
+
+def _auto_fsdp(cfg: ReasoningConfig, ranks: int) -> bool:
+    return cfg.actor.dtype != "fp32" or (cfg.cluster.device_type == "gpu" and ranks > 1)
+
+
+def _rollout(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu: bool) -> Usage:
+    weights = shape.parameters() * (BF16 if on_gpu else FP32)
+    rows = cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size
+    working = weights + shape.kv_cache_bytes(rows * seq_len, BF16 if on_gpu else FP32)
+    if on_gpu and cfg.rollout.backend == "vllm" and cfg.cluster.device_memory_gb is not None:
+        working = max(working, int(cfg.rollout.gpu_memory_utilization * cfg.cluster.device_memory_gb * GB))
+    return Usage(weights, working)
+
+
+def _inference(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu: bool) -> Usage:
+    copies = 2 if cfg.algorithm.kl_coef > 0 else 1
+    weights = copies * shape.parameters() * FP32
+    rows = min(64, cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size)  # `response_logprobs`' pass
+    logits = rows * seq_len * shape.vocab_size * FP32 * 2
+    return Usage(weights, weights + logits)
+
+
+def _longest_prompt(cfg: ReasoningConfig, folder: Path) -> int:
+    prompts = [problem.prompt for problem in make_prompt_source(cfg.task).train_batch(0, PROMPTS_MEASURED)]
+    tokenizer_file = folder / "tokenizer.json"
+    if not tokenizer_file.exists():
+        return max(len(prompt) for prompt in prompts)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    return max(len(encoding.ids) for encoding in tokenizer.encode_batch(prompts))
