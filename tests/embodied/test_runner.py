@@ -275,11 +275,17 @@ def test_env_and_rollout_pipeline_across_devices(hybrid_run: Path) -> None:
     assert timeline.overlap("env", "rollout", 0.0, end) > 0
 
 
-# Resuming hybrid_run's checkpoint with one env process instead of two: its sub-envs are stored by global index, so
-# any split takes them back. Four stages keep one env per stream as in hybrid_run, so the rollout infers on batches of
-# the same shape and the numbers match to the bit (with two envs per stream the MLP's batched matmul rounds
-# differently: the policy loss moves by 1e-8). A resume under the same placement is the easier case of this one.
-ONE_ENV_PROCESS = [*HYBRID[:2], "cluster.component_placement.env=0", *HYBRID[3:], "rollout.pipeline_stage_num=4"]
+# Resuming hybrid_run's checkpoint with one env and one rollout process instead of two each: its sub-envs are stored
+# by global index, so any split takes them back. Four stages keep one env per stream as in hybrid_run, so the rollout
+# infers on batches of the same shape and the numbers match to the bit (with two envs per stream the MLP's batched
+# matmul rounds differently: the policy loss moves by 1e-8). A resume under the same placement is the easier case of
+# this one.
+ONE_ENV_PROCESS = [
+    *HYBRID[:2],
+    "cluster.component_placement.env=0",
+    "cluster.component_placement.rollout=1",
+    "rollout.pipeline_stage_num=4",
+]
 
 
 @pytest.mark.slow
