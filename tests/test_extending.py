@@ -97,7 +97,9 @@ def rows(run_dir: Path) -> list[dict[str, float]]:
 
 @pytest.mark.slow
 def test_a_gymnasium_task_is_one_option_file(conf: str, shared_ray: None, tmp_path: Path) -> None:
-    plan = resolve(compose_run([conf, "task=acrobot", "rollout.num_steps=16", "runner.max_steps=2", "logger=jsonl"]))
+    one_device = ["placement=collocated", "cluster.num_devices_per_node=1"]  # one process per component
+    tiny = ["rollout.num_steps=16", "runner.max_steps=2", "logger=jsonl"]
+    plan = resolve(compose_run([conf, "task=acrobot", *one_device, *tiny]))
     assert (plan.cfg.task.name, plan.cfg.task.env_id) == ("acrobot", "Acrobot-v1")
     train(plan, tmp_path, resolved_config={})
     history = rows(tmp_path)
@@ -116,6 +118,8 @@ def test_a_reasoning_task_with_its_own_reward_is_one_option_file(
     reward_model = build_reward_model(tmp_path_factory.mktemp("reward_model"))
     overrides = [conf, "experiment=arithmetic_grpo", "task=sums_any_form", "reward=graded", *TINY, "model=hf"]
     extra = [f"model.path={model}", f"reward.model_path={reward_model}", "reward.model_weight=0.5"]
+    # The preset's collocated placement on one device of one core: one process per component, not two.
+    extra += ["cluster.num_devices_per_node=1", "cluster.cpus_per_device=1"]
     plan = resolve(compose_run([*overrides, *extra]))
     reward = plan.cfg.reward_function()
     assert reward("1+2=", "1+2 makes 3", "3", {}) == {"score": 1.0, "correct": 1.0, "length": 11.0}

@@ -275,11 +275,17 @@ def test_env_and_rollout_pipeline_across_devices(hybrid_run: Path) -> None:
     assert timeline.overlap("env", "rollout", 0.0, end) > 0
 
 
-# Resuming hybrid_run's checkpoint with one env process instead of two: its sub-envs are stored by global index, so
-# any split takes them back. Four stages keep one env per stream as in hybrid_run, so the rollout infers on batches of
-# the same shape and the numbers match to the bit (with two envs per stream the MLP's batched matmul rounds
-# differently: the policy loss moves by 1e-8). A resume under the same placement is the easier case of this one.
-ONE_ENV_PROCESS = [*HYBRID[:2], "cluster.component_placement.env=0", *HYBRID[3:], "rollout.pipeline_stage_num=4"]
+# Resuming hybrid_run's checkpoint with one env and one rollout process instead of two each: its sub-envs are stored
+# by global index, so any split takes them back. Four stages keep one env per stream as in hybrid_run, so the rollout
+# infers on batches of the same shape and the numbers match to the bit (with two envs per stream the MLP's batched
+# matmul rounds differently: the policy loss moves by 1e-8). A resume under the same placement is the easier case of
+# this one.
+ONE_ENV_PROCESS = [
+    *HYBRID[:2],
+    "cluster.component_placement.env=0",
+    "cluster.component_placement.rollout=1",
+    "rollout.pipeline_stage_num=4",
+]
 
 
 @pytest.mark.slow
@@ -292,8 +298,12 @@ def test_resume_under_another_placement_continues_exactly(hybrid_run: Path, tmp_
 
 
 # Asynchronous training, K = 1: the actor on device 1 alone, so training overlaps generation; collocated, everything
-# on device 0, so they take turns. Either way step t trains on rollouts acted on with weights v(max(0, t - 1)).
-OVERLAPPED = [*HYBRID[:3], "cluster.component_placement.actor=1", "cluster.component_placement.rollout=0:0-1"]
+# on device 0, so they take turns. Either way step t trains on rollouts acted on with weights v(max(0, t - 1)). One
+# env and one rollout process each (the env/rollout overlap across processes is test_env_and_rollout_pipeline's):
+# three processes to start per run instead of five.
+ONE_EACH = ["placement=hybrid", "cluster.component_placement.env=0", "cluster.component_placement.rollout=0"]
+OVERLAPPED = [*ONE_EACH, "cluster.component_placement.actor=1"]
+ONE_EACH_COLLOCATED = [*ONE_EACH, "cluster.component_placement.actor=0"]
 ASYNC = ["runner.max_staleness=1", "runner.max_steps=4"]
 
 
@@ -309,7 +319,8 @@ def test_async_training_resumes_exactly_under_another_placement(shared_ray: None
     # with env and rollout instead of training beside them, and the numbers stay the same.
     checkpoint = tmp_path / "overlapped" / "checkpoints" / "step_000002"
     assert sorted(p.name for p in (checkpoint / "pending").iterdir()) == ["0.pt"]
-    resumed = run(mkdir(tmp_path / "resumed"), *COLLOCATED, *ASYNC, f"runner.resume={checkpoint}")
+    resumed = run(mkdir(tmp_path / "resumed"), *ONE_EACH_COLLOCATED, *ASYNC, f"runner.resume={checkpoint}")
+    assert json.loads((tmp_path / "resumed" / RUN_INFO).read_text())["mode"] == "collocated"
     assert [row["step"] for row in resumed] == [2, 3]
     assert [row["time/overlap"] for row in resumed] == [0.0, 0.0]
     for row, full in zip(resumed, overlapped[2:], strict=True):

@@ -39,9 +39,10 @@ def test_the_tiny_qwen2_folder_loads_as_a_user_checkpoint_does(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
-    tiny = [  # a short pretraining, small batches and an eval split of 8 held out of the training file
-        "model.pretrain.max_steps=10",
-        "model.pretrain.eval_interval=10",
+    tiny = [  # a short pretraining (2 steps of 16), small batches and an eval split of 8 held out of the training file
+        "model.pretrain.max_steps=2",
+        "model.pretrain.eval_interval=2",
+        "model.pretrain.batch_size=16",
         "task.eval_path=null",
         "task.eval_size=8",
         "task.prompts_per_step=4",
@@ -49,6 +50,10 @@ def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
         "algorithm.group_size=4",
         "runner.max_steps=2",
         "logger=jsonl",
+        # One device of one core, every component on it taking turns: the preset's collocated placement with one
+        # process per component instead of two (each imports torch and loads the model).
+        "cluster.num_devices_per_node=1",
+        "cluster.cpus_per_device=1",
     ]
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "rlplace.train", "experiment=gsm8k_grpo", *tiny, f"hydra.run.dir={run_dir}"]
