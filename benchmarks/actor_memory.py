@@ -115,8 +115,8 @@ def main() -> None:
             "tokens; rank 0's peak, MiB. Training state = parameters + gradients + optimizer; working = activations, "
             "temporaries and collective buffers; predicted = `rlplace.planner.memory`.",
             "",
-            "| strategy | ranks | parameters | gradients | optimizer | state | ideal (1/N) | of 1 rank | predicted state "
-            "| working | peak | predicted peak | error |",
+            "| strategy | ranks | parameters | gradients | optimizer | state | ideal (1/N) | of 1 rank "
+            "| predicted state | working | peak | predicted peak | error |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             *rows,
         ]

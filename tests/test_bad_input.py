@@ -129,6 +129,7 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
     "connect_timeout_s": ("rlplace-train", ["cluster.connect_timeout_s=0"], "cluster.connect_timeout_s = 0.0"),
     "num_devices_per_node": ("rlplace-plan", ["cluster.num_devices_per_node=0"], "cluster.num_devices_per_node = 0 is"),
     "bucket_mb": ("rlplace-plan", ["weight_sync.bucket_mb=-1"], "weight_sync.bucket_mb = -1.0"),
+    "device_memory_gb": ("rlplace-plan", ["cluster.device_memory_gb=0"], "cluster.device_memory_gb = 0.0 is invalid"),
     "plan.top": ("rlplace-plan", ["plan.top=0"], "plan.top = 0 is invalid: at least 1"),
     "reasoning gamma": ("rlplace-pretrain", [*REASONING, "algorithm.gamma=2"], "algorithm.gamma = 2.0 is invalid"),
     "critic_lr": ("rlplace-plan", [*REASONING, "algorithm.critic_lr=0"], "algorithm.critic_lr = 0.0 is invalid"),

@@ -110,7 +110,7 @@ def render_memory(found: dict[str, Any], console: Console) -> None:
         table.add_row(str(device), *(f"{by_phase.get(phase, 0.0):.3g}" for phase in phases))
     console.print(table)
     shares = ", ".join(
-        f"{name} {u['resident']:.3g} idle / {u['working']:.3g} working" for name, u in found["components_gb"].items()
+        f"{name} {u['resident']:.3g} resident / {u['peak']:.3g} at peak" for name, u in found["components_gb"].items()
     )
     console.print(f"per rank: {shares}")
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-PURE = ("rlplace.planner", "rlplace.embodied.planning", "rlplace.core.schedule", "rlplace.placement")
+PURE = (
+    "rlplace.planner",
+    "rlplace.embodied.planning",
+    "rlplace.reasoning.memory",
+    "rlplace.core.schedule",
+    "rlplace.placement",
+)
 
 
 def test_planner_imports_neither_ray_nor_torch() -> None:

@@ -11,7 +11,7 @@ planner. Family modules turn their config into `Usage` (`rlplace.reasoning.memor
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 GB = 1e9
 
@@ -93,11 +93,18 @@ class TransformerShape:
 
 @dataclass(frozen=True)
 class Usage:
-    """One rank's device memory: `resident` bytes while it idles on its devices, `working` at its peak in a phase it
-    works in (resident included)."""
+    """One rank's device memory: `resident` bytes whenever it is on its devices, and its peak in the phases where it
+    holds more (`working`: phase -> bytes, resident included)."""
 
     resident: int
-    working: int
+    working: Mapping[str, int] = field(default_factory=dict)
+
+    def in_phase(self, phase: str) -> int:
+        return self.working.get(phase, self.resident)
+
+    @property
+    def peak(self) -> int:
+        return max([self.resident, *self.working.values()])
 
 
 def device_peaks(
@@ -107,14 +114,14 @@ def device_peaks(
     usage: Mapping[str, Usage],
 ) -> dict[int, dict[str, int]]:
     """Device -> phase -> predicted bytes: every component on the device that is not offloaded in that phase (the
-    switch plan's `offloaded` set per phase), at its working peak if it works in the phase, else resident. A
-    component's ranks each hold one device (its usage is per rank)."""
+    switch plan's `offloaded` set per phase), at its peak in the phase. A component's ranks each hold one device (its
+    usage is per rank)."""
     peaks: dict[int, dict[str, int]] = {}
-    for phase, working in phases:
+    for phase, _ in phases:
         for name, where in devices.items():
             if name in offloaded[phase] or name not in usage:
                 continue
-            size = usage[name].working if name in working else usage[name].resident
+            size = usage[name].in_phase(phase)
             for device in where:
                 peaks.setdefault(device, {}).setdefault(phase, 0)
                 peaks[device][phase] += size
@@ -123,10 +130,10 @@ def device_peaks(
 
 def over_capacity(peaks: Mapping[int, Mapping[str, int]], capacity_gb: float) -> tuple[int, str, float] | None:
     """The (device, phase, GB over) of the largest excess over `capacity_gb`, or None when every phase fits."""
-    worst = max(
-        ((size / GB - capacity_gb, device, phase) for device, phases in peaks.items() for phase, size in phases.items()),
-        default=None,
-    )
+    excesses = [
+        (size / GB - capacity_gb, -device, phase) for device, phases in peaks.items() for phase, size in phases.items()
+    ]
+    worst = max(excesses, default=None)  # the largest excess, on the lowest device of equal ones
     if worst is None or worst[0] <= 0:
         return None
-    return worst[1], worst[2], worst[0]
+    return -worst[1], worst[2], worst[0]

@@ -45,7 +45,7 @@ class MemoryPlan:
     def to_dict(self) -> dict[str, object]:
         return {
             "seq_len": self.seq_len,
-            "components_gb": {n: {"resident": u.resident / GB, "working": u.working / GB} for n, u in self.usage.items()},
+            "components_gb": {n: {"resident": u.resident / GB, "peak": u.peak / GB} for n, u in self.usage.items()},
             "devices_gb": {d: {p: b / GB for p, b in phases.items()} for d, phases in self.peaks.items()},
         }
 
@@ -65,9 +65,11 @@ def predict_memory(cfg: ReasoningConfig, placement: ComponentPlacement) -> Memor
         "inference": _inference(cfg, shape, seq_len, on_gpu),
     }
     if cfg.reward.model_path is not None:
-        reward_shape = TransformerShape.from_config(json.loads((Path(cfg.reward.model_path) / "config.json").read_text()))
+        reward_shape = TransformerShape.from_config(
+            json.loads((Path(cfg.reward.model_path) / "config.json").read_text())
+        )
         weights = reward_shape.parameters(head=False) * (BF16 if on_gpu else FP32)
-        usage["reward"] = Usage(weights, weights)
+        usage["reward"] = Usage(weights)
     devices = {name: frozenset(placement.devices_of(name)) for name in placement.components}
     offloadable = {
         "actor": cfg.actor.enable_offload,
@@ -89,8 +91,8 @@ def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement) -> None:
         device, phase, excess = over
         need = plan.peaks[device][phase] / GB
         raise ConfigError(
-            f"cluster.device_memory_gb = {capacity}: device {device} needs {need:.1f} GB in phase {phase} "
-            f"({excess:.1f} GB over; `rlplace-plan` shows each component's share): place fewer components there, "
+            f"cluster.device_memory_gb = {capacity}: device {device} needs {need:.3g} GB in phase {phase} "
+            f"({excess:.3g} GB over; `rlplace-plan` shows each component's share): place fewer components there, "
             "offload them (placement presets' enable_offload), or shard the actor (actor.strategy=fsdp)"
         )
 
@@ -107,7 +109,7 @@ def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: i
     if budget is not None:  # a pass holds as many rows of its width as fit, one at least
         rows = max(1, min(rows, budget // seq_len))
     activations = shape.activation_bytes(max(rows, 1), seq_len, cfg.actor.gradient_checkpointing, compute)
-    return Usage(state, state + activations)
+    return Usage(state, {"training": state + activations})
 
 
 def _auto_fsdp(cfg: ReasoningConfig, ranks: int) -> bool:
@@ -120,7 +122,7 @@ def _rollout(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu
     working = weights + shape.kv_cache_bytes(rows * seq_len, BF16 if on_gpu else FP32)
     if on_gpu and cfg.rollout.backend == "vllm" and cfg.cluster.device_memory_gb is not None:
         working = max(working, int(cfg.rollout.gpu_memory_utilization * cfg.cluster.device_memory_gb * GB))
-    return Usage(weights, working)
+    return Usage(weights, {"generate_rollouts": working})
 
 
 def _inference(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu: bool) -> Usage:
@@ -128,7 +130,7 @@ def _inference(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_g
     weights = copies * shape.parameters() * FP32
     rows = min(64, cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size)  # `response_logprobs`' pass
     logits = rows * seq_len * shape.vocab_size * FP32 * 2
-    return Usage(weights, weights + logits)
+    return Usage(weights, {"generate_rollouts": weights + logits})
 
 
 def _longest_prompt(cfg: ReasoningConfig, folder: Path) -> int:

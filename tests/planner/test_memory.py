@@ -1,0 +1,86 @@
+"""Device memory predicted from a model's shape: parameter counts as torch counts them, the switch plan's offloads
+left out of a phase's sum, sharding dividing the actor's state, and a run that does not fit refused by both CLIs
+with exit 2 before anything starts. (The prediction against measured peaks: benchmarks/actor_memory.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import LlamaConfig, Qwen2Config
+
+from rlplace.cli import compose_run
+from rlplace.families import resolve
+from rlplace.planner.memory import TransformerShape, Usage, device_peaks, over_capacity
+from rlplace.reasoning.memory import predict_memory
+from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm
+
+SMALL = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        Qwen2Config(**SMALL, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
+        Qwen2Config(**SMALL, num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True),
+        LlamaConfig(**SMALL, num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False),
+    ],
+    ids=["qwen2", "qwen2_tied", "llama"],
+)
+def test_parameters_are_counted_as_torch_counts_them(config):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config)
+    shape = TransformerShape.from_config(config.to_dict())
+    assert shape.parameters() == sum(p.numel() for p in model.parameters())
+    assert shape.parameters(head=False) == sum(p.numel() for p in model.base_model.parameters())
+
+
+def test_a_phase_sums_what_is_not_offloaded_and_the_worst_excess_is_named():
+    phases = (("generate", frozenset({"rollout"})), ("train", frozenset({"actor"})))
+    devices = {"actor": frozenset({0, 1}), "rollout": frozenset({0})}
+    usage = {"actor": Usage(10, {"train": 30}), "rollout": Usage(5, {"generate": 8})}
+    offloaded = {"generate": frozenset({"actor"}), "train": frozenset()}
+    peaks = device_peaks(phases, devices, offloaded, usage)
+    assert peaks == {0: {"generate": 8, "train": 35}, 1: {"train": 30}}
+    assert over_capacity({0: {"train": int(3e9)}, 1: {"train": int(5e9)}}, 4.0) == (1, "train", pytest.approx(1.0))
+    assert over_capacity(peaks, 1.0) is None
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_lm(tmp_path_factory.mktemp("tiny_lm"), TinyLMShape(num_layers=1, hidden_size=64))
+
+
+def test_sharding_divides_the_actors_state_and_offload_empties_the_idle_phase(model_path):
+    overrides = ["experiment=arithmetic_grpo", f"model.path={model_path}", "cluster.num_devices_per_node=2"]
+    replica = predict_memory(*_plan([*overrides, "actor.strategy=ddp"]))
+    sharded = predict_memory(*_plan([*overrides, "actor.strategy=fsdp"]))
+    shape = TransformerShape.from_config(json.loads((model_path / "config.json").read_text()))
+    assert replica.usage["actor"].resident == 16 * shape.parameters()
+    assert sharded.usage["actor"].resident == 8 * shape.parameters() + 8 * shape.largest_unit()
+    # Collocated with offload (the preset): the actor is off both devices while the others generate, and the rollout
+    # engine while the actor trains; the inference copy stays (it never offloads).
+    generate = replica.peaks[0]["generate_rollouts"]
+    assert generate == sum(replica.usage[c].in_phase("generate_rollouts") for c in ("rollout", "inference"))
+    assert replica.peaks[0]["training"] == replica.usage["actor"].peak + replica.usage["inference"].resident
+
+
+def _plan(overrides: list[str]):
+    plan = resolve(compose_run(overrides))
+    return plan.cfg, plan.placement
+
+
+@pytest.mark.parametrize("command", ["rlplace.plan", "rlplace.train"])
+def test_a_run_that_does_not_fit_is_refused_naming_device_phase_and_excess(model_path, tmp_path, command):
+    args = ["experiment=arithmetic_grpo", f"model.path={model_path}", "cluster.device_memory_gb=0.001"]
+    done = subprocess.run(
+        [sys.executable, "-m", command, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert "cluster.device_memory_gb = 0.001: device 0 needs" in line and "GB over" in line, line
+    assert "in phase training" in line  # the actor's pass is the peak of the collocated step
