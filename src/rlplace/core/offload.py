@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from rlplace.core.sharded import is_sharded, local_part
 
 
 @dataclass
@@ -84,7 +85,7 @@ def move(
     """Move a module and its optimizer state to `device`, into `host`'s pinned tensors when the target is the CPU
     (benchmarks/gpu_suite.py compares its rate with the pinned copy rate)."""
     start = time.perf_counter()
-    if any(isinstance(param, DTensor) for param in module.parameters()):
+    if any(is_sharded(param) for param in module.parameters()):
         return _move_sharded(module, optimizer, device, start)
     moved = 0
     for owner, name, tensor in _tensors(module, optimizer):
@@ -111,18 +112,14 @@ def move(
     return TransferRecord(moved, time.perf_counter() - start)
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 def _move_sharded(
     module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device, start: float
 ) -> TransferRecord:
     """`move` for a module whose parameters are shards (DTensors): this rank's shards, their gradients, the buffers
     and the optimizer state go to `device`."""
     found = _tensors(module, optimizer)
-    away = [(owner, name, tensor) for owner, name, tensor in found if _local(tensor).device != device]
-    moved = sum(_local(tensor).numel() * _local(tensor).element_size() for _, _, tensor in away)
+    away = [(owner, name, tensor) for owner, name, tensor in found if local_part(tensor).device != device]
+    moved = sum(local_part(tensor).numel() * local_part(tensor).element_size() for _, _, tensor in away)
     if not moved:
         return TransferRecord(0, time.perf_counter() - start)
     module.to(device)  # parameters, their gradients and buffers; FSDP2 re-derives its views of the shards

@@ -10,8 +10,8 @@ sends it, so no rank ever holds more than one bucket of the whole model beyond i
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from rlplace.core.sharded import gathered
 from rlplace.scheduler import Worker
 
 
@@ -44,15 +44,10 @@ def broadcast_weights(worker: Worker, model: torch.nn.Module, version: int, dst_
     if sender:
         worker.broadcast({"num_buckets": torch.tensor(len(parts)), "version": torch.tensor(version)}, dst_group)
     for part in parts:
-        full = {name: _full(tensor) for name, tensor in part.items()}
+        full = {name: gathered(tensor) for name, tensor in part.items()}
         if sender:
             worker.broadcast(full, dst_group)
     return len(parts)
-
-
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """A sharded tensor (DTensor) gathered whole on every rank; any other tensor as it is."""
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 @torch.no_grad()
