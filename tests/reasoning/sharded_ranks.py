@@ -20,6 +20,7 @@ from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
 from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
 from rlplace.reasoning.models.tiny_qwen2 import TinyQwen2Shape, build_tiny_qwen2
+from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.tasks.prompts import Problem
 from rlplace.reasoning.update import compute_advantages, llm_update
 
@@ -29,9 +30,11 @@ PROMPTS = ["12+7=", "3+4=", "30+45=", "8+8=", "1+1=", "62+9=", "5+17=", "40+2="]
 RESPONSES = ["19", "8", "75", "16", "2", "71", "22", "42", "1", "7", "77", "61", "20", "71", "12", "43"]
 GROUP = 2
 STEPS = 3
-ALGORITHM = ReasoningAlgorithmConfig(
-    name="grpo", group_size=GROUP, update_epochs=1, num_minibatches=2, ent_coef=0.0, max_grad_norm=1.0, lr=1e-3
-)
+SETTINGS = {"group_size": GROUP, "update_epochs": 1, "num_minibatches": 2, "ent_coef": 0.0, "max_grad_norm": 1.0}
+ALGORITHMS = {
+    "grpo": ReasoningAlgorithmConfig(name="grpo", lr=1e-3, **SETTINGS),
+    "ppo": ReasoningAlgorithmConfig(name="ppo", lr=1e-3, critic_lr=1e-3, **SETTINGS),
+}
 
 
 def build_model(folder: Path) -> Path:
@@ -48,6 +51,8 @@ class Job:
     strategy: str
     world_size: int
     dtype: str = "fp32"
+    algorithm: str = "grpo"
+    """`ppo` trains a critic beside the policy, under the same strategy."""
     steps: tuple[int, ...] = tuple(range(STEPS))
     save: str | None = None
     save_after: int = 2
@@ -96,32 +101,48 @@ def _run_job(rank: int, job: Job, folder: Path, out: Path) -> None:
     """Writes {"stats": per step, "weights": the policy's full state (rank 0), "offload": ...} of one rank of `job`."""
     torch.manual_seed(0)
     cpu = torch.device("cpu")
+    alg = ALGORITHMS[job.algorithm]
     average = functools.partial(_mean, job.world_size)
     strategy = build_strategy(job.strategy, job.world_size, cpu, job.dtype, average)
     policy = strategy.wrap(load_causal_lm(folder).train())
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=ALGORITHM.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=alg.lr, weight_decay=0.0)
+    trained = {"policy": (policy, optimizer)}
+    critic = None
+    if alg.has_critic:
+        critic = strategy.wrap(ValueModel.from_pretrained(folder).train())
+        trained["critic"] = (critic, torch.optim.AdamW(critic.parameters(), lr=alg.critic_lr, weight_decay=0.0))
     if job.resume is not None:
         _wait_for(out / job.resume / ".done")
-        load_training_state(out / job.resume, {"policy": (policy, optimizer)})
+        load_training_state(out / job.resume, trained)
     batch, shard = batch_of(folder, rank, job.world_size)
     stats: dict[int, dict[str, float]] = {}
     offload: dict[str, object] = {}
     for step in job.steps:
         batch.old_logprobs = response_logprobs(policy, batch)
         sum_over_ranks = None if shard is None else shard.sum_over_ranks
-        advantages, _ = compute_advantages(batch, ALGORITHM, None, sum_over_ranks)
+        critic_args: dict[str, object] = {}
+        if critic is not None:
+            with torch.no_grad():
+                critic_args["old_values"] = critic.response_values(batch).cpu()
+        advantages, returns = compute_advantages(batch, alg, critic_args.get("old_values"), sum_over_ranks)
+        if critic is not None:
+            critic_args.update(critic=critic, critic_optimizer=trained["critic"][1], returns=returns)
         generator = torch.Generator().manual_seed(step)
         stats[step] = llm_update(
-            policy, optimizer, batch, advantages, ALGORITHM, generator, strategy=strategy, shard=shard
+            policy, optimizer, batch, advantages, alg, generator, strategy=strategy, shard=shard, **critic_args
         )
         if step == job.steps[0]:
             offload = _round_trip(policy, optimizer, cpu)
         if job.save is not None and step + 1 == job.save_after:
-            save_training_state(out / job.save, {"policy": (policy, optimizer)})
+            save_training_state(out / job.save, trained)
             dist.barrier()
             if rank == 0:
                 (out / job.save / ".done").touch()
-    weights = strategy.full_state_dict(policy)
+    weights = {
+        f"{name}.{key}": tensor
+        for name, (model, _) in trained.items()
+        for key, tensor in strategy.full_state_dict(model).items()
+    }
     torch.save({"stats": stats, "weights": weights, "offload": offload}, out / f"{job.name}.rank{rank}.pt")
 
 

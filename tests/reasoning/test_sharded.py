@@ -17,6 +17,8 @@ JOBS = (
     Job("replica", "ddp", 1, save="replica_ckpt"),
     Job("sharded", "fsdp", 2, save="sharded_ckpt"),
     Job("sharded_bf16", "fsdp", 2, dtype="bf16", steps=(0,)),
+    Job("replica_ppo", "ddp", 1, algorithm="ppo"),
+    Job("sharded_ppo", "fsdp", 2, algorithm="ppo"),
     Job("replica_from_sharded", "ddp", 1, steps=(2,), resume="sharded_ckpt"),
     Job("sharded_from_replica", "fsdp", 2, steps=(2,), resume="replica_ckpt"),
 )
@@ -63,8 +65,9 @@ def _close_stats(found: dict[str, float], expected: dict[str, float], rel: float
         assert found[key] == pytest.approx(expected[key], rel=rel, abs=ATOL), key
 
 
-def test_two_sharded_ranks_train_what_one_replica_trains(results):
-    replica, sharded = results["replica"][0], results["sharded"]
+@pytest.mark.parametrize("algorithm", ["", "_ppo"], ids=["grpo", "ppo_with_critic"])
+def test_two_sharded_ranks_train_what_one_replica_trains(results, algorithm):
+    replica, sharded = results[f"replica{algorithm}"][0], results[f"sharded{algorithm}"]
     for step in range(STEPS):
         for rank in sharded:  # every rank reports the global minibatches' stats
             _close_stats(rank["stats"][step], replica["stats"][step])
