@@ -68,6 +68,8 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
     devices = "; ".join(
         f"device {device}: {', '.join(names) or 'idle'}" for device, names in plan.placement.device_sharing().items()
     )
+    if plan.ranking is not None:
+        log_ranking(plan.ranking, cfg.plan.top)
     log.info(f"rlplace: {mode} {plan.family.name} run of {cfg.task.name} ({devices}); outputs in {run_dir}")
     if cfg.cluster.address is None and (neighbours := describe(other_embedded_rays())):
         log.warning(neighbours)
@@ -82,10 +84,13 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
             launcher = family.result()
             labels = launcher.run_labels(cfg)
             info = {"mode": mode, "num_devices": plan.placement.num_devices, **labels}
+            if plan.ranking is not None:
+                info["auto"] = {"overrides": plan.ranking[0].overrides, "predicted_step_s": plan.predicted_step_s}
             (run_dir / RUN_INFO).write_text(json.dumps(info))
             starting = launcher.start(cfg, cluster)  # the workers' processes start, and meanwhile the logger
             logger = run_logger(plan, run_dir, resolved_config, labels, resume)
-            runner = launcher.runner(cfg, starting, RunContext(run_dir, logger, history))
+            context = RunContext(run_dir, logger, history, predicted_step_s=plan.predicted_step_s)
+            runner = launcher.runner(cfg, starting, context)
             with runner.serving():
                 runner.init_workers()
                 startup_s = time.monotonic() - started
@@ -100,6 +105,17 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
         if logger is not None:
             logger.close()
     return final
+
+
+def log_ranking(ranking: list[Any], top: int) -> None:
+    """placement=auto: the candidates it chose from, fastest first, and the chosen one's override line."""
+    for number, candidate in enumerate(ranking[:top], 1):
+        found = candidate.to_dict()
+        log.info(
+            f"rlplace: auto #{number}: {found['prediction']['step_s']:.4f} s per step predicted, {found['mode']}, "
+            f"{found['component_placement']}, {found['stages']} stage(s)"
+        )
+    log.info(f"rlplace: placement=auto runs #1, the fastest predicted: {ranking[0].overrides}")
 
 
 def _import_launcher(plan: Plan) -> Future[Launcher]:

@@ -11,6 +11,7 @@ import json
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,50 @@ def test_rlplace_plan_refuses_a_bad_profile_with_exit_2(tmp_path: Path, capsys) 
         with pytest.raises(SystemExit) as exited:
             plan_main(overrides)
         assert exited.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_placement_auto_runs_the_fastest_candidate_at_the_runs_own_staleness(profile_dir: Path) -> None:
+    plan = resolve(compose_run(["placement=auto", f"plan.profile={profile_dir}", "runner.max_staleness=1"]))
+    assert plan.ranking and all(r.max_staleness == 1 for r in plan.ranking)
+    times = [r.prediction.step_s for r in plan.ranking]
+    assert times == sorted(times) and plan.predicted_step_s == pytest.approx(times[0])
+    # What it runs is what its override line runs by hand: the same typed config but for the plan section.
+    by_hand = resolve(compose_run([*shlex.split(plan.ranking[0].overrides), f"plan.profile={profile_dir}"]))
+    assert replace(plan.cfg, plan=by_hand.cfg.plan) == by_hand.cfg
+    assert plan.placement.to_dict() == by_hand.placement.to_dict()
+
+
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["placement=auto"], "placement = 'auto' is invalid: placement=auto with plan.profile="),
+        (["experiment=arithmetic_grpo", "placement=auto", "plan.profile=x"], "plans embodied runs only so far"),
+    ],
+    ids=["no profile", "reasoning"],
+)
+def test_placement_auto_without_a_profile_or_for_a_reasoning_run_is_refused(overrides, named, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        plan_main(overrides)
+    assert exited.value.code == 2 and named in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_auto_placed_run_records_its_choice_and_checks_its_prediction_every_step(
+    profile_dir: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "rlplace.train", "placement=auto", f"plan.profile={profile_dir}"]
+    done = subprocess.run(
+        [*command, "runner.max_steps=3", "logger=jsonl", f"hydra.run.dir={run_dir}"],  # one step after warm-up
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["auto"]["overrides"].startswith("placement=hybrid 'cluster.component_placement={")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        assert row["plan/predicted_step_s"] == pytest.approx(info["auto"]["predicted_step_s"])
+        assert row["plan/error"] == pytest.approx(row["time/step"] / row["plan/predicted_step_s"] - 1)
+    assert "plan/error" in json.loads((run_dir / "summary.json").read_text())

@@ -267,11 +267,21 @@ class PlanConfig:
     """With `profile`: also rank every placement, stage count and staleness the cluster can run, fastest first."""
     top: int = 5
     """How many candidates a search prints."""
+    auto: bool = False
+    """Set by `placement=auto`: the run takes the placement and stage count the planner predicts fastest from
+    `plan.profile` (at the run's own runner.max_staleness, which changes what is trained)."""
 
     def __post_init__(self) -> None:
         check_choice("plan.format", self.format, ("table", "json"))
         check(self.top >= 1, "plan.top", self.top, "at least 1")
         check(not self.search or self.profile is not None, "plan.search", self.search, "true only with plan.profile")
+        check(
+            not self.auto or self.profile is not None,
+            "placement",
+            "auto",
+            "placement=auto with plan.profile=<the folder of a run trained with runner.profile=true>, or a placement "
+            "preset (collocated, disaggregated, hybrid)",
+        )
 
 
 @dataclass

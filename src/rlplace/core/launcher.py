@@ -25,6 +25,8 @@ class RunContext:
     logger: MetricLogger
     history: list[dict[str, float]]
     """Every step's metrics, appended as the run goes (the driver summarises them)."""
+    predicted_step_s: float | None = None
+    """The planner's prediction of this run's step time (`plan.profile` given): each step logs it and its error."""
 
 
 class Launcher(Protocol):

@@ -99,6 +99,7 @@ class Runner(ABC, Generic[C, G, A, T]):
         self.groups = dict(groups)
         self.placement, self.identity = placement, identity
         self.run_dir, self.logger, self.history = context.run_dir, context.logger, context.history
+        self.predicted_step_s = context.predicted_step_s
         self.timer = PhaseTimer()
         self.timeline = placement_timeline(placement, list(groups))
         self.switcher = PhaseSwitcher(self.groups, placement, phases, offloadable, self.timer)
@@ -206,6 +207,9 @@ class Runner(ABC, Generic[C, G, A, T]):
             for step in range(self.start_step, cfg.max_steps):
                 metrics = self.step(step, channels)
                 self.hang_deadline.observe(metrics["time/step"])
+                if self.predicted_step_s is not None:  # the prediction checked on every step
+                    metrics["plan/predicted_step_s"] = self.predicted_step_s
+                    metrics["plan/error"] = metrics["time/step"] / self.predicted_step_s - 1.0
                 last = step + 1 == cfg.max_steps
                 self.after_step(step, metrics, last)
                 self.logger.log(metrics, step)

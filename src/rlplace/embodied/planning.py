@@ -365,6 +365,35 @@ def cluster_cores(model: StepModel, cfg: EmbodiedConfig) -> dict[int, tuple[int,
     return cpu_cores(model, cfg.cluster.num_nodes, cfg.cluster.num_devices_per_node)
 
 
+def choose(cfg: EmbodiedConfig) -> tuple[EmbodiedConfig, list[Ranked]]:
+    """`placement=auto`: the run placed and staged as the fastest candidate of `plan.profile`'s search at the run's
+    own staleness (K changes what is trained, the placement and stages do not), with the ranking it was chosen from.
+    ConfigError when the profile cannot serve the run or no candidate fits its cluster."""
+    try:
+        model = load_model(cfg.plan.profile, cfg.task.env_id)
+    except ProfileError as err:
+        raise ConfigError(str(err)) from None
+    ranked = [r for r in search(cfg, model) if r.max_staleness == cfg.runner.max_staleness]
+    if not ranked:
+        raise ConfigError(
+            f"placement = 'auto': no placement of this run fits cluster.num_devices_per_node = "
+            f"{cfg.cluster.num_devices_per_node} x {cfg.cluster.num_nodes} node(s) (valid: a placement preset)"
+        )
+    best = ranked[0]
+    chosen = replace(
+        cfg,
+        cluster=replace(cfg.cluster, component_placement=dict(best.component_placement)),
+        rollout=replace(cfg.rollout, pipeline_stage_num=best.stages),
+    )
+    return chosen, ranked
+
+
+def predicted_step_s(cfg: EmbodiedConfig, placement: ComponentPlacement) -> float:
+    """The predicted step time of the run as placed (`plan.profile` given), which each of its steps is checked
+    against."""
+    return predict_run(load_model(cfg.plan.profile, cfg.task.env_id), cfg, placement).step_s
+
+
 def search(cfg: EmbodiedConfig, model: StepModel, stages: Sequence[int] = (1, 2, 4)) -> list[Ranked]:
     """Every candidate placement x stages x staleness (0 and 1) the run could take on its cluster, fastest first.
 
