@@ -7,7 +7,8 @@ Per task: one profiling run (`runner.profile=true`, disaggregated, 1 stage, on t
 the 12 jobs of `sweep=placement_modes` ({collocated, disaggregated, hybrid} x {1, 2} stages x staleness {0, 1}),
 each predicted from that one profile before it runs, then run with the sweep's settings. The error is
 |predicted - measured| / measured step time (the median of the measured steps after warm-up). Also: whether the
-job the planner ranks first is the measured fastest, or within 5% of it.
+job the planner ranks first is the measured fastest, or within 5% of it; and `placement=auto` from the same profile,
+run at each K, against the measured best of the sweep's jobs at that K.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep the run folders here (default: a temporary folder)")
     args = parser.parse_args()
     rows = []
+    autos = []
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.keep or Path(scratch)
         for task in args.tasks:
@@ -85,6 +87,13 @@ def main() -> None:
                     f"{measured:6.3f} s  error {row['error']:6.1%}   {phases(prediction, summary)}",
                     flush=True,
                 )
+            for staleness in (0, 1):
+                auto = ["placement=auto", f"plan.profile={profile_dir}", f"runner.max_staleness={staleness}"]
+                run_dir = Path(tmp) / f"{task}_auto_{staleness}"
+                measured = train([*base, *auto], run_dir)["time/step"]
+                chosen = json.loads((run_dir / "run.json").read_text())["auto"]
+                autos.append({"task": task, "staleness": staleness, "measured_s": measured, **chosen})
+                print(f"{task:<12} auto K={staleness}  measured {measured:6.3f} s  {chosen['overrides']}", flush=True)
     errors = [r["error"] for r in rows]
     summary = [f"error over {len(rows)} jobs: median {statistics.median(errors):.1%}, max {max(errors):.1%}"]
     print(f"\n{summary[0]}")
@@ -98,6 +107,16 @@ def main() -> None:
             f"K={best['staleness']} {best['measured_s']:.3f} s ({chosen['measured_s'] / best['measured_s'] - 1:+.1%})"
         )
         print(summary[-1])
+        for auto in (a for a in autos if a["task"] == task):
+            same_k = [r for r in jobs if r["staleness"] == auto["staleness"]]
+            best = min(same_k, key=lambda r: r["measured_s"])
+            summary.append(
+                f"{task} placement=auto K={auto['staleness']}: ran `{auto['overrides']}`, measured "
+                f"{auto['measured_s']:.3f} s (predicted {auto['predicted_step_s']:.3f} s); the sweep's measured best "
+                f"at K={auto['staleness']}: {best['placement']} {best['stages']} stage(s) {best['measured_s']:.3f} s "
+                f"({auto['measured_s'] / best['measured_s'] - 1:+.1%})"
+            )
+            print(summary[-1])
     table = ["| task | placement | stages | K | predicted s | measured s | error |", "|---|---|---|---|---|---|---|"]
     table += [
         f"| {r['task']} | {r['placement']} | {r['stages']} | {r['staleness']} | {r['predicted_s']:.3f} "

@@ -53,6 +53,8 @@ class Job:
     dtype: str = "fp32"
     algorithm: str = "grpo"
     """`ppo` trains a critic beside the policy, under the same strategy."""
+    recompute: bool = False
+    """Activation checkpointing per decoder layer (`actor.gradient_checkpointing`)."""
     steps: tuple[int, ...] = tuple(range(STEPS))
     save: str | None = None
     save_after: int = 2
@@ -104,7 +106,10 @@ def _run_job(rank: int, job: Job, folder: Path, out: Path) -> None:
     alg = ALGORITHMS[job.algorithm]
     average = functools.partial(_mean, job.world_size)
     strategy = build_strategy(job.strategy, job.world_size, cpu, job.dtype, average)
-    policy = strategy.wrap(load_causal_lm(folder).train())
+    policy = load_causal_lm(folder).train()
+    if job.recompute:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    policy = strategy.wrap(policy)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=alg.lr, weight_decay=0.0)
     trained = {"policy": (policy, optimizer)}
     critic = None

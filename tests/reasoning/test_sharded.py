@@ -1,7 +1,7 @@
 """The sharded actor (`actor.strategy = fsdp`, FSDP2 over gloo on the CPU) trains what a full replica trains: the
-same losses and weights after 3 GRPO steps on a ~2.6 M-parameter Qwen2, a checkpoint written by 2 sharded ranks
-resuming on 1 full replica and the reverse, bf16 mixed precision close to fp32 on the first step, and offload/onload
-of sharded state keeping every value."""
+same losses and weights after 3 GRPO steps on a ~2.6 M-parameter Qwen2 (and PPO's critic beside it), a checkpoint
+written by 2 sharded ranks resuming on 1 full replica and the reverse, bf16 mixed precision close to fp32 on the first
+step, activation checkpointing recomputing the same step, and offload/onload of sharded state keeping every value."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ JOBS = (
     Job("replica", "ddp", 1, save="replica_ckpt"),
     Job("sharded", "fsdp", 2, save="sharded_ckpt"),
     Job("sharded_bf16", "fsdp", 2, dtype="bf16", steps=(0,)),
+    Job("sharded_recompute", "fsdp", 2, recompute=True, steps=(0,)),
     Job("replica_ppo", "ddp", 1, algorithm="ppo"),
     Job("sharded_ppo", "fsdp", 2, algorithm="ppo"),
     Job("replica_from_sharded", "ddp", 1, steps=(2,), resume="sharded_ckpt"),
@@ -105,3 +106,8 @@ def test_offload_and_onload_of_sharded_state_keep_every_value(results):
     for rank in results["sharded"]:
         assert rank["offload"] == {"bytes": 0, "same": True, "tensors": rank["offload"]["tensors"]}
         assert rank["offload"]["tensors"] > 0
+
+
+def test_activation_checkpointing_recomputes_the_same_step(results):
+    # Each decoder layer's activations are recomputed in the backward pass from its input: the same arithmetic again.
+    _close_stats(results["sharded_recompute"][0]["stats"][0], results["sharded"][0]["stats"][0])
