@@ -29,9 +29,9 @@ run: $(STAMP)
 test: $(STAMP)
 	PYTHONFAULTHANDLER=1 $(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
-# The unit tests alone (no end-to-end training run, no Ray): under a minute.
+# The unit tests alone (no end-to-end training run, no Ray), on two pytest workers: under a minute.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not ray" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 -m "not slow and not ray" $(PYTEST_ARGS)
 
 # The placement-mode sweep on the preset where simulation and policy inference cost about the same; writes the report.
 sweep: $(STAMP)

@@ -52,7 +52,8 @@ def test_every_group_has_options() -> None:
     for group in ("cluster", "placement", "task", "model", "algorithm", "rollout", "logger"):
         assert group_options(group), group
     assert set(group_options("cluster")) == set(CLUSTER_DEVICES)
-    assert set(group_options("placement")) == set(MIN_DEVICES)
+    # placement=auto has no devices of its own: the planner places the run (tests/planner/test_planning.py).
+    assert set(group_options("placement")) == set(MIN_DEVICES) | {"auto"}
     assert {f.name for f in FAMILIES} == set(FAMILY_OPTIONS)
     for group in ("task", "model", "algorithm", "rollout"):  # every option belongs to exactly one family
         by_family = [family.options(group) for family in FAMILIES]

@@ -51,7 +51,7 @@ def one_line(text: str) -> str:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["placement=foo"], "Could not find 'placement/foo' Available options in 'placement': collocated"),
+        (["placement=foo"], "Could not find 'placement/foo' Available options in 'placement': auto"),
         (
             ["runner.max_steps=abc"],
             "override runner.max_steps=abc: Value 'abc' of type 'str' could not be converted to Integer",

@@ -32,6 +32,9 @@ after three steps of lr 1e-3 (measured; everything else agrees to about 1e-7). A
 weights by 1e-3 and more."""
 
 
+pytestmark = pytest.mark.slow  # processes of their own, importing torch and transformers each
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     """Every job's ranks: one process group per rank count, both started at once (a resumed job waits for the
