@@ -2,9 +2,9 @@
 REINFORCE++ and PPO with a critic, written so that data-parallel actor ranks can each run it on their shard.
 
 Each actor rank calls `llm_update` on its own shard of rows with the same `algorithm` config section and a generator
-seeded identically on every rank, so every rank takes the same number of optimizer steps; `allreduce_grads`, called
-after each backward pass, averages the gradients across ranks before clipping and stepping, so the ranks' models
-stay identical. Several ranks train the update one process would train on the whole batch
+seeded identically on every rank, so every rank takes the same number of optimizer steps; the training strategy
+(`rlplace.core.strategies`: replicas averaging their gradients, or FSDP2 shards reduce-scattering them) makes each
+step's gradient the mean over the ranks before clipping and stepping. Several ranks train the update one process would train on the whole batch
 (`rlplace.core.data_parallel`): minibatches are drawn over the global batch, losses and stats divide by the global
 minibatch's token and response counts (`losses.Counts`, as verl's global token normalisation), and the advantages'
 whitening uses the whole batch's mean and variance. The number of actor ranks (the placement) never changes the
