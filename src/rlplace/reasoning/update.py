@@ -4,11 +4,11 @@ REINFORCE++ and PPO with a critic, written so that data-parallel actor ranks can
 Each actor rank calls `llm_update` on its own shard of rows with the same `algorithm` config section and a generator
 seeded identically on every rank, so every rank takes the same number of optimizer steps; the training strategy
 (`rlplace.core.strategies`: replicas averaging their gradients, or FSDP2 shards reduce-scattering them) makes each
-step's gradient the mean over the ranks before clipping and stepping. Several ranks train the update one process would train on the whole batch
-(`rlplace.core.data_parallel`): minibatches are drawn over the global batch, losses and stats divide by the global
-minibatch's token and response counts (`losses.Counts`, as verl's global token normalisation), and the advantages'
-whitening uses the whole batch's mean and variance. The number of actor ranks (the placement) never changes the
-result but for float summation order.
+step's gradient the mean over the ranks before clipping and stepping. Several ranks train the update one process would
+train on the whole batch (`rlplace.core.data_parallel`): minibatches are drawn over the global batch, losses and stats
+divide by the global minibatch's token and response counts (`losses.Counts`, as verl's global token normalisation), and
+the advantages' whitening uses the whole batch's mean and variance. The number of actor ranks (the placement) never
+changes the result but for float summation order.
 
 Advantages are computed once per batch, before the update (`compute_advantages`), from rollout-time log-probs and
 values; they stay fixed across the update's epochs.

@@ -1,12 +1,12 @@
 """Training strategies: how the ranks of a data-parallel actor hold and update a model (`actor.strategy`).
 
-`ddp`: every rank holds a full replica (weights, gradients and AdamW state in float32) and gradients are averaged
-over the ranks after each backward pass. `fsdp`: PyTorch's FSDP2 (`fully_shard`) shards parameters, gradients and
-optimizer state over the ranks, one unit per decoder layer plus the root, so that a rank holds about 1/N of the
-training state and a model whose state exceeds one device can still be trained (benchmarks/actor_memory.py); it also
-brings mixed precision (bfloat16 compute over float32 master weights and reductions). Both train the same update: the
-gradient is the mean over the ranks either way, and the checkpoint format (`torch.distributed.checkpoint`) is
-shared, so a run saved by one strategy and rank count resumes under another.
+`ddp`: every rank holds a full replica (weights, gradients and AdamW state in float32) and gradients are averaged over
+the ranks after each backward pass. `fsdp`: PyTorch's FSDP2 (`fully_shard`) shards parameters, gradients and optimizer
+state over the ranks (units of decoder layers and embeddings, `fsdp.py`), so that a rank holds about 1/N of the training
+state and a model whose state exceeds one device can still be trained (benchmarks/actor_memory.py); it also brings mixed
+precision (bfloat16 compute over float32 master weights and reductions). Both train the same update: the gradient is the
+mean over the ranks either way, and the checkpoint format (`torch.distributed.checkpoint`) is shared, so a run saved by
+one strategy and rank count resumes under another.
 
 Pure Python: entries are named by import path, so configs are checked before torch loads.
 """

@@ -59,7 +59,8 @@ class Strategy(ABC):
 
     @abstractmethod
     def full_state_dict(self, model: nn.Module) -> dict[str, Tensor]:
-        """`model`'s whole state dict, on the CPU, on rank 0 (empty elsewhere); every rank calls it."""
+        """`model`'s whole state dict on the CPU, complete on rank 0 (other ranks may get nothing); every rank calls
+        it, as gathering shards is collective."""
 
 
 def build_strategy(

@@ -6,9 +6,9 @@ weights at a time for its forward and backward passes and frees them after, so i
 one unit in full. Embeddings get units of their own because a vocabulary-sized matrix is often larger than a layer,
 and the root's weights stay gathered from the forward pass to the backward one (benchmarks/actor_memory.py measures
 the peak). Gradients are reduce-scattered (averaged) during the backward pass, and the optimizer steps on each rank's
-shards alone. With `actor.dtype = bf16` the gathered weights compute in bfloat16 while
-the shards, the optimizer and the gradient reduction stay float32 (FSDP2's `MixedPrecisionPolicy`); outputs come
-back in float32, so log-probs and losses are taken at full precision.
+shards alone. With `actor.dtype = bf16` the gathered weights compute in bfloat16 while the shards, the optimizer and
+the gradient reduction stay float32 (FSDP2's `MixedPrecisionPolicy`); outputs come back in float32, so log-probs and
+losses are taken at full precision.
 """
 
 from __future__ import annotations
