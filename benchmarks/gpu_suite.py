@@ -15,6 +15,10 @@ Sections (`--sections` picks some; each one's failure becomes a row, the others 
 - `halfcheetah`: the halfcheetah_pipeline preset on the GPU, collocated vs hybrid (env on CPU processes), 1 vs 2
   pipeline stages.
 - `reasoning`: GRPO on arithmetic with a 0.25B char-level LM, collocated on the GPU, offload timed.
+- `llm_step`: GRPO on arithmetic with a Qwen2.5-1.5B-shaped model (random init, bf16 folder, a BPE tokenizer trained
+  here), collocated on the GPU with the hf rollout; the actor sharded (`actor.strategy=fsdp`, one rank), bf16 compute,
+  activation checkpointing: seconds per step and per phase, tokens/s, next to the planner's predicted peak device
+  memory per phase (`rlplace-plan`, `rlplace.reasoning.memory`).
 """
 
 from __future__ import annotations
@@ -435,10 +439,81 @@ def section_reasoning(s: Settings) -> list[Row]:
     ]
 
 
+QWEN_1_5B = {"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+             "num_attention_heads": 12, "num_key_value_heads": 2, "max_position_embeddings": 32768}  # fmt: skip
+"""Qwen2.5-1.5B's shape (1.54 B parameters, tied embeddings); --smoke shrinks it to 2 small layers."""
+LLM_STEP = [
+    "experiment=arithmetic_grpo",
+    "actor.strategy=fsdp",
+    "actor.dtype=bf16",
+    "actor.gradient_checkpointing=true",
+    "task.prompts_per_step=32",
+    "rollout.micro_batch_prompts=8",
+    "rollout.max_new_tokens=16",
+    "algorithm.num_minibatches=2",
+    "runner.eval_interval=100",
+]
+
+
+def qwen_1_5b_folder(s: Settings) -> Path:
+    """A random-initialised Qwen2-shaped model in bf16 with a byte-level BPE tokenizer trained on arithmetic text (its
+    vocabulary smaller than the model's: the extra rows are never used)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlplace.reasoning.models.tiny_qwen2 import train_tokenizer
+
+    folder = s.tmp / "qwen_1_5b"
+    if folder.exists():
+        return folder
+    tokenizer = train_tokenizer([f"{a}+{b}={a + b}" for a in range(100) for b in range(100)], 512)
+    shape = dict(QWEN_1_5B)
+    if s.smoke:
+        shape.update(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    config = Qwen2Config(**shape, tie_word_embeddings=True, eos_token_id=eos, pad_token_id=pad, bos_token_id=None)
+    torch.manual_seed(0)
+    with torch.device(s.device):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    del model
+    return folder
+
+
+def section_llm_step(s: Settings) -> list[Row]:
+    from rlplace.planner.memory import TransformerShape
+
+    folder = qwen_1_5b_folder(s)
+    overrides = [*LLM_STEP, "model=hf", f"model.path={folder}"]
+    overrides += ["cluster=local", "runner.max_steps=3", "rollout.micro_batch_prompts=4"] if s.smoke else []
+    overrides += [] if s.smoke else ["cluster=single_gpu", "runner.max_steps=5"]
+    plan = subprocess.run(
+        [sys.executable, "-m", "rlplace.plan", *overrides, "plan.format=json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if plan.returncode != 0:
+        raise RuntimeError(f"rlplace-plan: {plan.stderr[-600:]}")
+    memory = json.loads(plan.stdout)["memory"]
+    summary = train(s, "llm_step", overrides, timeout=900)
+    keys = ["generate_rollouts", "inference", "training", "offload", "onload", "sync_weights"]
+    phases = ", ".join(f"{k} {summary[f'time/{k}']:.3f}" for k in keys if f"time/{k}" in summary)
+    predicted = ", ".join(f"{phase} {gb:.1f}" for phase, gb in memory["devices_gb"]["0"].items())
+    params = TransformerShape.from_config(json.loads((folder / "config.json").read_text())).parameters()
+    return [
+        Row("llm_step", "GRPO step, collocated, fsdp bf16 + recompute", summary["time/step"], "s/step", phases),
+        Row("llm_step", "tokens/s", summary.get("throughput/tokens_per_s", float("nan")), "tokens/s"),
+        Row("llm_step", "predicted peak memory, device 0", max(memory["devices_gb"]["0"].values()), "GB", predicted),
+        Row("llm_step", "parameters", params / 1e9, "B", "smoke shape" if s.smoke else "Qwen2.5-1.5B shape"),
+    ]
+
+
 # --- main -----------------------------------------------------------------------------------------------------
 
 
-SECTIONS = ("tests", "copy", "offload", "weight_sync", "generation", "halfcheetah", "reasoning")
+SECTIONS = ("tests", "copy", "offload", "weight_sync", "generation", "halfcheetah", "reasoning", "llm_step")
 
 
 def print_table(rows: list[Row]) -> str:
