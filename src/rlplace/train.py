@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,7 +31,7 @@ from rlplace.core.config import CONF_DIR
 from rlplace.core.errors import ConfigError
 from rlplace.core.launcher import Launcher, RunContext
 from rlplace.core.neighbours import describe, other_embedded_rays
-from rlplace.families import Plan, register, resolve
+from rlplace.families import Plan, family_of, register, resolve
 from rlplace.metrics import MetricLogger, TrackerRun, build_logger, process_uptime_s, summarize
 from rlplace.placement import PlacementError
 from rlplace.scheduler import ClusterError
@@ -259,11 +260,55 @@ def check_run(composed: DictConfig) -> None:
         fail(str(err))
 
 
+PROFILE_STEPS = 6
+"""Steps of the profiling run that `placement=auto` without `plan.profile` starts first: the warm-up steps, then
+enough measured ones for the run's own times, then each component's unit of work timed alone."""
+
+
+def profile_first(composed: DictConfig, argv: list[str]) -> list[str]:
+    """`placement=auto` without `plan.profile`: profile a short run of the same task first (disaggregated where the
+    cluster has the 4 devices for it, the least contended placement, else hybrid) into `<run folder>-profile`, and
+    return the arguments with that profile added. Its failure exits as the run would."""
+    try:
+        family = family_of(OmegaConf.masked_copy(composed, [key for key in composed if key != "hydra"]))
+    except ConfigError as err:
+        fail(str(err))
+    if family.choose is None:
+        return argv  # refused by `resolve`, naming what is valid
+    folder = Path(composed.hydra.run.dir).absolute()
+    folder = folder.with_name(folder.name + "-profile")
+    devices = composed.cluster.num_nodes * composed.cluster.num_devices_per_node
+    placement = "disaggregated" if devices >= 4 else "hybrid"
+    dropped = (
+        "placement=",
+        "runner.max_steps=",
+        "runner.resume=",
+        "runner.save_interval=",
+        "logger=",
+        "hydra.run.dir=",
+    )
+    kept = [arg for arg in argv if not arg.startswith(dropped)]
+    print(  # before Hydra sets up logging
+        f"rlplace: placement=auto without plan.profile: profiling {PROFILE_STEPS} steps of the {placement} placement "
+        f"first (its start-up, the steps, then each component timed alone), into {folder}",
+        file=sys.stderr,
+    )
+    profiled = [f"placement={placement}", f"runner.max_steps={PROFILE_STEPS}", "runner.profile=true"]
+    profiled += ["runner.save_interval=0", "logger=jsonl", f"hydra.run.dir={folder}"]
+    done = subprocess.run([sys.executable, "-m", "rlplace.train", *kept, *profiled], check=False)
+    if done.returncode != 0:
+        fail(f"placement = 'auto': the profiling run in {folder} exited {done.returncode} (its train.log says why)")
+    return [*argv, f"plan.profile={folder}"]
+
+
 def main() -> None:
     """`rlplace-train`: the overrides are checked first, and a single run as a whole (`check_run`): bad ones exit 2
     with one line; then Hydra runs the job(s). A Ctrl-C that got past the first one (which stops after the step, see
     `preemption`) ends with one line too."""
     composed = check_overrides(sys.argv[1:])
+    if composed is not None and composed.plan.auto and composed.plan.profile is None:
+        sys.argv = [sys.argv[0], *profile_first(composed, sys.argv[1:])]  # Hydra reads the run's overrides there
+        composed = check_overrides(sys.argv[1:])
     given = [arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith("hydra.run.dir=")]
     if given and not any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):
         claim_run_folder(Path(given[-1]))  # before Hydra writes its files into a folder that another run holds

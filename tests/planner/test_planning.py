@@ -150,7 +150,7 @@ def test_placement_auto_runs_the_fastest_candidate_at_the_runs_own_staleness(pro
 @pytest.mark.parametrize(
     "overrides, named",
     [
-        (["placement=auto"], "placement = 'auto' is invalid: placement=auto with plan.profile="),
+        (["placement=auto"], "placement = 'auto' is invalid: placement=auto with plan.profile="),  # rlplace-plan
         (["experiment=arithmetic_grpo", "placement=auto", "plan.profile=x"], "plans embodied runs only so far"),
     ],
     ids=["no profile", "reasoning"],
@@ -162,11 +162,11 @@ def test_placement_auto_without_a_profile_or_for_a_reasoning_run_is_refused(over
 
 
 @pytest.mark.slow
-def test_an_auto_placed_run_records_its_choice_and_checks_its_prediction_every_step(
-    profile_dir: Path, tmp_path: Path
+def test_an_auto_placed_run_profiles_first_records_its_choice_and_checks_its_prediction_every_step(
+    tmp_path: Path,
 ) -> None:
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "rlplace.train", "placement=auto", f"plan.profile={profile_dir}"]
+    command = [sys.executable, "-m", "rlplace.train", "placement=auto"]  # no profile: a short run makes one first
     done = subprocess.run(
         [*command, "runner.max_steps=3", "logger=jsonl", f"hydra.run.dir={run_dir}"],  # one step after warm-up
         capture_output=True,
@@ -174,6 +174,8 @@ def test_an_auto_placed_run_records_its_choice_and_checks_its_prediction_every_s
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "placement=auto without plan.profile: profiling 6 steps of the hybrid placement" in done.stderr
+    assert (tmp_path / "run-profile" / "profile.json").is_file()
     info = json.loads((run_dir / "run.json").read_text())
     assert info["auto"]["overrides"].startswith("placement=hybrid 'cluster.component_placement={")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

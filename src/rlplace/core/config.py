@@ -279,8 +279,8 @@ class PlanConfig:
             not self.auto or self.profile is not None,
             "placement",
             "auto",
-            "placement=auto with plan.profile=<the folder of a run trained with runner.profile=true>, or a placement "
-            "preset (collocated, disaggregated, hybrid)",
+            "placement=auto with plan.profile=<the folder of a run trained with runner.profile=true> (rlplace-train "
+            "profiles a short run first when none is given), or a placement preset (collocated, disaggregated, hybrid)",
         )
 
 
