@@ -153,7 +153,7 @@ def run(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     # A single run starts with the command; a multirun job with itself (its process ran the jobs before it).
-    started = time.monotonic() - (process_uptime_s() if hydra_cfg.mode == RunMode.RUN else 0.0)
+    started = time.monotonic() - (process_uptime_s() - _PROFILING_S[0] if hydra_cfg.mode == RunMode.RUN else 0.0)
     claim_run_folder(run_dir, "hydra.run.dir" if hydra_cfg.mode == RunMode.RUN else "hydra.sweep.dir")
     try:
         plan = resolve(cfg)
@@ -260,6 +260,8 @@ def check_run(composed: DictConfig) -> None:
         fail(str(err))
 
 
+_PROFILING_S = [0.0]
+"""Seconds this process spent on `profile_first`'s run, which the run's own start-up does not include."""
 PROFILE_STEPS = 6
 """Steps of the profiling run that `placement=auto` without `plan.profile` starts first: the warm-up steps, then
 enough measured ones for the run's own times, then each component's unit of work timed alone."""
@@ -295,7 +297,9 @@ def profile_first(composed: DictConfig, argv: list[str]) -> list[str]:
     )
     profiled = [f"placement={placement}", f"runner.max_steps={PROFILE_STEPS}", "runner.profile=true"]
     profiled += ["runner.save_interval=0", "logger=jsonl", f"hydra.run.dir={folder}"]
+    start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "rlplace.train", *kept, *profiled], check=False)
+    _PROFILING_S[0] = time.monotonic() - start
     if done.returncode != 0:
         fail(f"placement = 'auto': the profiling run in {folder} exited {done.returncode} (its train.log says why)")
     return [*argv, f"plan.profile={folder}"]
