@@ -50,9 +50,7 @@ def predicted(strategy: str, world_size: int) -> tuple[int, int]:
     """The planner's (`rlplace.planner.memory`) training state and peak for one rank, as `rlplace.reasoning.memory`
     predicts the actor's."""
     shape = TransformerShape.from_config(CONFIG.to_dict())
-    state = 16 * shape.parameters()
-    if strategy == "fsdp":
-        state = state // world_size + shape.largest_unit() * 8
+    state = shape.training_state_bytes(world_size, sharded=strategy == "fsdp", compute_bytes=4)
     return state, state + shape.activation_bytes(ROWS, SEQ_LEN, checkpointing=False)
 
 

@@ -55,8 +55,9 @@ class Family:
     choose: Callable[[Any], tuple[Any, list[Any]]] | None = None
     """`placement=auto`: the config placed as the planner's fastest candidate, and the ranking (objects with
     `overrides` and `to_dict()`); None where the family's step time is not modelled yet."""
-    predict: Callable[[Any, ComponentPlacement], float] | None = None
-    """With `plan.profile`: the predicted step time of the run as placed, checked on each step."""
+    predict: Callable[[Any, ComponentPlacement], Any] | None = None
+    """With `plan.profile`: the prediction of the run as placed (an object with `step_s` and `to_dict()`), which
+    rlplace-plan prints and each step of the run is checked against."""
     memory: Callable[[Any, ComponentPlacement], Any] | None = None
     """The predicted device memory per device and phase (an object with `to_dict()`, or None when unknown), for
     `rlplace-plan`; None where the family has no memory model yet."""
@@ -106,7 +107,7 @@ FAMILIES = (
         embodied_checks.check_embodied,
         _embodied_launcher,
         choose=embodied_planning.choose,
-        predict=embodied_planning.predicted_step_s,
+        predict=embodied_planning.predict_placed,
     ),
     Family(
         "reasoning",
@@ -129,8 +130,8 @@ class Plan:
     placement: ComponentPlacement
     ranking: list[Any] | None = None
     """`placement=auto`: the candidates it was chosen from, fastest first (the run's is the first)."""
-    predicted_step_s: float | None = None
-    """With `plan.profile`: the planner's step time for this run."""
+    prediction: Any = None
+    """With `plan.profile`: the planner's prediction for this run (`step_s`, `to_dict()`); None without one."""
 
     @property
     def launcher(self) -> Launcher:
@@ -193,10 +194,12 @@ def resolve(cfg: DictConfig) -> Plan:
     if typed.runner.resume not in (None, *checkpoint.RESUME_AUTO):  # `auto` needs the run folder: `train` checks it
         # That the path is a checkpoint folder; its files are read and checked once, by `train`, before start.
         checkpoint.resolve_resume(typed.runner.resume, Path(), verify_files=False)
-    predicted = None
-    if typed.plan.profile is not None and family.predict is not None:
+    prediction = None
+    if ranking:  # the chosen candidate was predicted as the run is placed
+        prediction = ranking[0].prediction
+    elif typed.plan.profile is not None and family.predict is not None:
         try:
-            predicted = family.predict(typed, placement)
+            prediction = family.predict(typed, placement)
         except ProfileError as err:
             raise ConfigError(str(err)) from None
-    return Plan(family, typed, placement, ranking, predicted)
+    return Plan(family, typed, placement, ranking, prediction)

@@ -49,17 +49,13 @@ def predictions(plan: Plan) -> dict[str, Any]:
     cfg = plan.cfg
     if cfg.plan.profile is None:
         return {}
-    if plan.family.name != "embodied":
+    if plan.prediction is None:
         fail(f"plan.profile = {cfg.plan.profile!r}: the planner models embodied runs (valid: an embodied task)")
-    from rlplace.embodied import planning
-    from rlplace.planner import ProfileError
-
-    try:
-        model = planning.load_model(cfg.plan.profile, cfg.task.env_id)
-    except ProfileError as err:
-        fail(str(err))
-    found: dict[str, Any] = {"prediction": planning.predict_run(model, cfg, plan.placement).to_dict()}
+    found: dict[str, Any] = {"prediction": plan.prediction.to_dict()}
     if cfg.plan.search:
+        from rlplace.embodied import planning
+
+        model = planning.load_model(cfg.plan.profile, cfg.task.env_id)  # read and checked by `resolve` already
         found["search"] = [r.to_dict() for r in planning.search(cfg, model)[: cfg.plan.top]]
     return found
 

@@ -86,11 +86,12 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
             labels = launcher.run_labels(cfg)
             info = {"mode": mode, "num_devices": plan.placement.num_devices, **labels}
             if plan.ranking is not None:
-                info["auto"] = {"overrides": plan.ranking[0].overrides, "predicted_step_s": plan.predicted_step_s}
+                info["auto"] = {"overrides": plan.ranking[0].overrides, "predicted_step_s": plan.prediction.step_s}
             (run_dir / RUN_INFO).write_text(json.dumps(info))
             starting = launcher.start(cfg, cluster)  # the workers' processes start, and meanwhile the logger
             logger = run_logger(plan, run_dir, resolved_config, labels, resume)
-            context = RunContext(run_dir, logger, history, predicted_step_s=plan.predicted_step_s)
+            predicted = None if plan.prediction is None else plan.prediction.step_s
+            context = RunContext(run_dir, logger, history, predicted_step_s=predicted)
             runner = launcher.runner(cfg, starting, context)
             with runner.serving():
                 runner.init_workers()

@@ -140,7 +140,7 @@ def test_placement_auto_runs_the_fastest_candidate_at_the_runs_own_staleness(pro
     plan = resolve(compose_run(["placement=auto", f"plan.profile={profile_dir}", "runner.max_staleness=1"]))
     assert plan.ranking and all(r.max_staleness == 1 for r in plan.ranking)
     times = [r.prediction.step_s for r in plan.ranking]
-    assert times == sorted(times) and plan.predicted_step_s == pytest.approx(times[0])
+    assert times == sorted(times) and plan.prediction.step_s == pytest.approx(times[0])
     # What it runs is what its override line runs by hand: the same typed config but for the plan section.
     by_hand = resolve(compose_run([*shlex.split(plan.ranking[0].overrides), f"plan.profile={profile_dir}"]))
     assert replace(plan.cfg, plan=by_hand.cfg.plan) == by_hand.cfg

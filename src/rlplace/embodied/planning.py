@@ -388,10 +388,9 @@ def choose(cfg: EmbodiedConfig) -> tuple[EmbodiedConfig, list[Ranked]]:
     return chosen, ranked
 
 
-def predicted_step_s(cfg: EmbodiedConfig, placement: ComponentPlacement) -> float:
-    """The predicted step time of the run as placed (`plan.profile` given), which each of its steps is checked
-    against."""
-    return predict_run(load_model(cfg.plan.profile, cfg.task.env_id), cfg, placement).step_s
+def predict_placed(cfg: EmbodiedConfig, placement: ComponentPlacement) -> Prediction:
+    """The prediction of the run as placed, from `plan.profile` (ProfileError if the profile cannot serve it)."""
+    return predict_run(load_model(cfg.plan.profile, cfg.task.env_id), cfg, placement)
 
 
 def search(cfg: EmbodiedConfig, model: StepModel, stages: Sequence[int] = (1, 2, 4)) -> list[Ranked]:

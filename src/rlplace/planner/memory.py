@@ -71,6 +71,14 @@ class TransformerShape:
         """The largest part a sharded model gathers at once: a decoder layer or a vocabulary matrix."""
         return max(self.layer_parameters(), self.embedding_parameters())
 
+    def training_state_bytes(self, ranks: int, sharded: bool, compute_bytes: int, head: bool = True) -> int:
+        """One rank's float32 weights, gradients and AdamW moments (16 bytes a parameter); sharded, 1/`ranks` of them
+        plus one gathered unit in the compute precision and its unreduced float32 gradient."""
+        state = 16 * self.parameters(head)
+        if not sharded:
+            return state
+        return -(-state // ranks) + self.largest_unit() * (compute_bytes + 4)
+
     def kv_cache_bytes(self, tokens: int, dtype_bytes: int) -> int:
         """Keys and values of `tokens` tokens in every layer."""
         return 2 * self.num_layers * self.kv_size * tokens * dtype_bytes

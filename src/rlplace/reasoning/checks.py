@@ -46,7 +46,7 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
             f"algorithm.num_minibatches = {cfg.algorithm.num_minibatches} is more than each actor's {rows} responses "
             f"(task.prompts_per_step x algorithm.group_size / actor processes)"
         )
-    make_prompt_source(task)  # the task's data read and checked here, before any worker reads it
+    source = make_prompt_source(task)  # the task's data read and checked here, before any worker reads it
     if cfg.model.path is not None:
         check_model_folder(cfg.model.path)
     if cfg.reward.model_path is not None:
@@ -56,7 +56,7 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
                 "algorithm.filter_groups = true is invalid with reward.model_path: groups are filtered by the rule "
                 "reward where they are generated, before the reward model scores them (valid: false)"
             )
-    check_memory(cfg, placement)
+    check_memory(cfg, placement, source)
     backend = BACKENDS[rollout.backend]
     if backend.requires is not None and importlib.util.find_spec(backend.requires) is None:
         usable = [name for name in BACKENDS if BACKENDS[name].requires is None]

@@ -265,6 +265,15 @@ class ReasoningConfig(RunConfig):
     reward: RewardConfig = field(default_factory=RewardConfig)
 
     @property
+    def offloadable(self) -> dict[str, bool]:
+        """The components the switch plan may move off shared devices (a rule reward holds no device memory)."""
+        return {
+            "actor": self.actor.enable_offload,
+            "rollout": self.rollout.enable_offload,
+            "reward": self.reward.enable_offload and self.reward.model_path is not None,
+        }
+
+    @property
     def reward_name(self) -> str:
         """`reward.function`, or the task's default reward when it is not set."""
         return self.task.default_reward if self.reward.function is None else self.reward.function

@@ -17,10 +17,10 @@ characters without one; a chat template's few tokens are not counted.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlplace.core import strategies
 from rlplace.core.errors import ConfigError
 from rlplace.core.schedule import offloaded_during
 from rlplace.placement import ComponentPlacement
@@ -28,6 +28,7 @@ from rlplace.planner.memory import GB, TransformerShape, Usage, device_peaks, ov
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.tasks import make_prompt_source
+from rlplace.reasoning.tasks.prompts import PromptSource
 
 PROMPTS_MEASURED = 256
 """Training prompts whose longest sets the sequence length."""
@@ -50,14 +51,17 @@ class MemoryPlan:
         }
 
 
-def predict_memory(cfg: ReasoningConfig, placement: ComponentPlacement) -> MemoryPlan | None:
+def predict_memory(
+    cfg: ReasoningConfig, placement: ComponentPlacement, source: PromptSource | None = None
+) -> MemoryPlan | None:
     """The run's predicted device memory; None when the model's shape is not known before it is built (a built
     model kind without model.path)."""
     if cfg.model.path is None:
         return None
     folder = Path(cfg.model.path)
     shape = TransformerShape.from_config(json.loads((folder / "config.json").read_text()))
-    seq_len = _longest_prompt(cfg, folder) + cfg.rollout.max_new_tokens
+    source = make_prompt_source(cfg.task) if source is None else source
+    seq_len = _longest_prompt(source, folder) + cfg.rollout.max_new_tokens
     on_gpu = cfg.cluster.device_type == "gpu"
     usage = {
         "actor": _actor(cfg, shape, placement.get_world_size("actor"), seq_len),
@@ -71,19 +75,15 @@ def predict_memory(cfg: ReasoningConfig, placement: ComponentPlacement) -> Memor
         weights = reward_shape.parameters(head=False) * (BF16 if on_gpu else FP32)
         usage["reward"] = Usage(weights)
     devices = {name: frozenset(placement.devices_of(name)) for name in placement.components}
-    offloadable = {
-        "actor": cfg.actor.enable_offload,
-        "rollout": cfg.rollout.enable_offload,
-        "reward": cfg.reward.enable_offload and cfg.reward.model_path is not None,
-    }
-    peaks = device_peaks(PHASES, devices, offloaded_during(PHASES, devices, offloadable), usage)
+    peaks = device_peaks(PHASES, devices, offloaded_during(PHASES, devices, cfg.offloadable), usage)
     return MemoryPlan(usage, peaks, seq_len)
 
 
-def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement) -> None:
-    """Refuse a run whose predicted peak exceeds `cluster.device_memory_gb` on some device in some phase."""
+def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement, source: PromptSource) -> None:
+    """Refuse a run whose predicted peak exceeds `cluster.device_memory_gb` on some device in some phase (`source`:
+    the task's problems, read once by the caller)."""
     capacity = cfg.cluster.device_memory_gb
-    plan = predict_memory(cfg, placement) if capacity is not None else None
+    plan = predict_memory(cfg, placement, source) if capacity is not None else None
     if plan is None:
         return
     over = over_capacity(plan.peaks, capacity)
@@ -98,22 +98,17 @@ def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement) -> None:
 
 
 def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: int) -> Usage:
-    sharded = cfg.actor.strategy == "fsdp" or (cfg.actor.strategy == "auto" and _auto_fsdp(cfg, ranks))
+    on_gpu = cfg.cluster.device_type == "gpu"
+    sharded = strategies.resolve(cfg.actor.strategy, cfg.actor.dtype, ranks, on_gpu) == "fsdp"
     compute = BF16 if cfg.actor.dtype == "bf16" else FP32
-    models = [shape.parameters()] + ([shape.parameters(head=False)] if cfg.algorithm.has_critic else [])
-    state = sum(16 * p for p in models)
-    if sharded:
-        state = math.ceil(state / ranks) + shape.largest_unit() * (compute + FP32)
+    heads = [True] + ([False] if cfg.algorithm.has_critic else [])  # the policy; the critic has no LM head
+    state = sum(shape.training_state_bytes(ranks, sharded, compute, head) for head in heads)
     rows = cfg.task.prompts_per_step * cfg.algorithm.group_size // ranks // cfg.algorithm.num_minibatches
     budget = cfg.actor.max_tokens_per_micro_batch
     if budget is not None:  # a pass holds as many rows of its width as fit, one at least
         rows = max(1, min(rows, budget // seq_len))
     activations = shape.activation_bytes(max(rows, 1), seq_len, cfg.actor.gradient_checkpointing, compute)
     return Usage(state, {"training": state + activations})
-
-
-def _auto_fsdp(cfg: ReasoningConfig, ranks: int) -> bool:
-    return cfg.actor.dtype != "fp32" or (cfg.cluster.device_type == "gpu" and ranks > 1)
 
 
 def _rollout(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu: bool) -> Usage:
@@ -133,8 +128,8 @@ def _inference(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_g
     return Usage(weights, {"generate_rollouts": weights + logits})
 
 
-def _longest_prompt(cfg: ReasoningConfig, folder: Path) -> int:
-    prompts = [problem.prompt for problem in make_prompt_source(cfg.task).train_batch(0, PROMPTS_MEASURED)]
+def _longest_prompt(source: PromptSource, folder: Path) -> int:
+    prompts = [problem.prompt for problem in source.train_batch(0, PROMPTS_MEASURED)]
     tokenizer_file = folder / "tokenizer.json"
     if not tokenizer_file.exists():
         return max(len(prompt) for prompt in prompts)

@@ -73,13 +73,8 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         identity: dict[str, Any],
         context: RunContext,
     ) -> None:
-        offloadable = {
-            "actor": cfg.actor.enable_offload,
-            "rollout": cfg.rollout.enable_offload,
-            "reward": cfg.reward.enable_offload and cfg.reward.model_path is not None,  # a rule holds no memory
-        }
         groups = {"actor": actor, "rollout": rollout, "reward": reward, "inference": inference}
-        super().__init__(cfg, groups, PHASES, offloadable, placement, identity, context)
+        super().__init__(cfg, groups, PHASES, cfg.offloadable, placement, identity, context)
         self.cfg: ReasoningConfig = cfg
         self.actor, self.rollout, self.reward, self.inference = actor, rollout, reward, inference
         self.num_micro_batches = cfg.task.prompts_per_step // cfg.rollout.micro_batch_prompts
