@@ -12,13 +12,13 @@ Sections (`--sections` picks some; each one's failure becomes a row, the others 
   broadcast (CUDA IPC), and a direct NCCL broadcast between two processes on that one GPU.
 - `generation`: hf decoding of a random-initialised Qwen2.5-0.5B-shaped model (bf16, built from a config) at
   batch 1/8/64/256, eager vs CUDA graphs, tokens/s next to the memory-bandwidth floor.
-- `halfcheetah`: the halfcheetah_pipeline preset on the GPU, collocated vs hybrid (env on CPU processes), 1 vs 2
-  pipeline stages.
+- `planner`: the halfcheetah_pipeline preset on the GPU, collocated vs hybrid (env on CPU processes), 1 vs 2
+  pipeline stages, each run measured; the planner, from the profile of the collocated 1-stage run, predicts each.
 - `reasoning`: GRPO on arithmetic with a 0.25B char-level LM, collocated on the GPU, offload timed.
 - `llm_step`: GRPO on arithmetic with a Qwen2.5-1.5B-shaped model (random init, bf16 folder, a BPE tokenizer trained
   here), collocated on the GPU with the hf rollout; the actor sharded (`actor.strategy=fsdp`, one rank), bf16 compute,
-  activation checkpointing: seconds per step and per phase, tokens/s, next to the planner's predicted peak device
-  memory per phase (`rlplace-plan`, `rlplace.reasoning.memory`).
+  activation checkpointing: seconds per step and per phase, tokens/s; and (rows `memory`) the planner's predicted
+  peak device memory per phase (`rlplace-plan`, `rlplace.reasoning.memory`) next to the measured one.
 """
 
 from __future__ import annotations
@@ -370,41 +370,59 @@ HALFCHEETAH = {
 """Collocated: every component on the GPU's processes (one env process). Hybrid: the env on 8 CPU-only processes
 (a node group), rollout and actor sharing the GPU, so env and rollout work at once."""
 HYBRID_GPU = 'cluster.component_placement={actor: 0, rollout: 0, env: {node_group: node, placement: "0:0-7"}}'
+PROFILED = "collocated, 1 stage"
+"""The placement whose profile predicts the others."""
 
 
-def section_halfcheetah(s: Settings) -> list[Row]:
-    base = ["experiment=halfcheetah_pipeline", "runner.max_steps=10"]
+def section_planner(s: Settings) -> list[Row]:
+    """The four HalfCheetah placements run (each profiled, for the record); the planner, given the profile of the
+    collocated 1-stage run alone, predicts each one's step time."""
+    base = [
+        "experiment=halfcheetah_pipeline",
+        "runner.max_steps=10",
+        "runner.profile=true",
+        "runner.save_interval=null",
+    ]
     base += ["cluster=local", "task.total_num_envs=32", "runner.max_steps=4"] if s.smoke else ["cluster=single_gpu"]
-    rows, speeds = [], {}
+    runs = {}
     for name, extra in HALFCHEETAH.items():
         overrides = [*base, *extra]
         if name.startswith("hybrid") and not s.smoke:
             overrides.append(HYBRID_GPU)
-        summary = train(s, "halfcheetah_" + name.replace(", ", "_").replace(" ", ""), overrides)
-        speeds[name] = summary["throughput/env_steps_per_s"]
+        folder = "halfcheetah_" + name.replace(", ", "_").replace(" ", "")
+        runs[name] = (overrides, folder, train(s, folder, overrides))
+    profile = s.tmp / "runs" / runs[PROFILED][1]
+    rows = []
+    for name, (overrides, _, summary) in runs.items():
+        predicted = plan(overrides, f"plan.profile={profile}")["prediction"]["step_s"]
+        measured = summary["time/step"]
         rows.append(
             Row(
-                "halfcheetah",
+                "planner",
                 name,
-                speeds[name],
-                "env steps/s",
-                f"step {summary['time/step']:.3f} s: generate {summary['time/generate_rollouts']:.3f}, "
-                f"(env busy {summary['time/env']:.3f}, rollout busy {summary['time/rollout']:.3f}), "
-                f"train {summary['time/training']:.3f}, offload+onload "
-                f"{summary.get('time/offload', 0) + summary.get('time/onload', 0):.3f}",
+                predicted / measured - 1,
+                "error",
+                f"predicted {predicted:.3f} s, measured {measured:.3f} s/step "
+                f"({summary['throughput/env_steps_per_s']:,.0f} env steps/s): generate "
+                f"{summary['time/generate_rollouts']:.3f} (env busy {summary['time/env']:.3f}, rollout busy "
+                f"{summary['time/rollout']:.3f}), train {summary['time/training']:.3f}",
             )
         )
-    best = max(speeds, key=speeds.get)
-    rows.append(
-        Row(
-            "halfcheetah",
-            "hybrid 2 stages / collocated 1 stage",
-            speeds["hybrid, 2 stages"] / speeds["collocated, 1 stage"],
-            "x",
-            f"fastest: {best}",
-        )
-    )
     return rows
+
+
+def plan(overrides: list[str], *extra: str) -> dict:
+    """`rlplace-plan`'s JSON answer for a run of `overrides`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rlplace.plan", *overrides, *extra, "plan.format=json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"rlplace-plan: {done.stderr[-600:]}")
+    return json.loads(done.stdout)
 
 
 def section_reasoning(s: Settings) -> list[Row]:
@@ -487,22 +505,15 @@ def section_llm_step(s: Settings) -> list[Row]:
     overrides = [*LLM_STEP, "model=hf", f"model.path={folder}"]
     overrides += ["cluster=local", "runner.max_steps=3", "rollout.micro_batch_prompts=4"] if s.smoke else []
     overrides += [] if s.smoke else ["cluster=single_gpu", "runner.max_steps=5"]
-    plan = subprocess.run(
-        [sys.executable, "-m", "rlplace.plan", *overrides, "plan.format=json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if plan.returncode != 0:
-        raise RuntimeError(f"rlplace-plan: {plan.stderr[-600:]}")
-    memory = json.loads(plan.stdout)["memory"]
+    overrides += ["runner.save_interval=null"]
+    memory = plan(overrides)["memory"]
     summary = train(s, "llm_step", overrides, timeout=900)
     keys = ["generate_rollouts", "inference", "training", "offload", "onload", "sync_weights"]
     phases = ", ".join(f"{k} {summary[f'time/{k}']:.3f}" for k in keys if f"time/{k}" in summary)
     predicted = ", ".join(f"{phase} {gb:.1f}" for phase, gb in memory["devices_gb"]["0"].items())
     params = TransformerShape.from_config(json.loads((folder / "config.json").read_text())).parameters()
     return [
+        *memory_rows(s, memory["devices_gb"]["0"]),
         Row("llm_step", "GRPO step, collocated, fsdp bf16 + recompute", summary["time/step"], "s/step", phases),
         Row("llm_step", "tokens/s", summary.get("throughput/tokens_per_s", float("nan")), "tokens/s"),
         Row("llm_step", "predicted peak memory, device 0", max(memory["devices_gb"]["0"].values()), "GB", predicted),
@@ -510,10 +521,26 @@ def section_llm_step(s: Settings) -> list[Row]:
     ]
 
 
+def memory_rows(s: Settings, predicted: dict[str, float]) -> list[Row]:
+    """Per phase, the predicted peak of device 0 next to the measured one: the largest over the run's steps of the
+    sum of its processes' `torch.cuda.max_memory_allocated` (`Timeline.memory`)."""
+    steps = [json.loads(line) for line in (s.tmp / "runs" / "llm_step" / "metrics.jsonl").read_text().splitlines()]
+    rows = []
+    for phase, gb in predicted.items():
+        found = [step[f"memory/device_0/{phase}_gb"] for step in steps if f"memory/device_0/{phase}_gb" in step]
+        if not found:
+            rows.append(Row("memory", phase, "not measured", note=f"predicted {gb:.2f} GB (no CUDA workers)"))
+            continue
+        rows.append(
+            Row("memory", phase, gb / max(found) - 1, "error", f"predicted {gb:.2f} GB, measured {max(found):.2f}")
+        )
+    return rows
+
+
 # --- main -----------------------------------------------------------------------------------------------------
 
 
-SECTIONS = ("tests", "copy", "offload", "weight_sync", "generation", "halfcheetah", "reasoning", "llm_step")
+SECTIONS = ("tests", "planner", "llm_step", "copy", "offload", "weight_sync", "generation", "reasoning")
 
 
 def print_table(rows: list[Row]) -> str:

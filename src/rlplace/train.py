@@ -297,7 +297,7 @@ def profile_first(composed: DictConfig, argv: list[str]) -> list[str]:
         file=sys.stderr,
     )
     profiled = [f"placement={placement}", f"runner.max_steps={PROFILE_STEPS}", "runner.profile=true"]
-    profiled += ["runner.save_interval=0", "logger=jsonl", f"hydra.run.dir={folder}"]
+    profiled += ["runner.save_interval=null", "logger=jsonl", f"hydra.run.dir={folder}"]
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "rlplace.train", *kept, *profiled], check=False)
     _PROFILING_S[0] = time.monotonic() - start

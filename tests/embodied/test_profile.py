@@ -91,7 +91,9 @@ def test_each_component_is_timed_alone_after_switching_through_the_loop_s_phases
     calls: list[str] = []
     groups = {name: RecordingGroup(name, plan.placement.get_world_size(name), calls) for name in plan.placement}
     cores = {0: [0], 1: [1]}
-    measured = profile.measure(plan.cfg, plan.placement, cores, **groups, switch=lambda phase: calls.append(phase))
+    measured = profile.measure(
+        plan.cfg, plan.placement, cores, {0: [0, 1]}, **groups, switch=lambda phase: calls.append(phase)
+    )
     # The run ended in training; the switch plan holds only for the loop's order of phases (with offload on a GPU, a
     # jump from training to generation would leave the rollout's weights on the CPU).
     assert calls == [

@@ -134,3 +134,33 @@ def test_refuses_bad_input() -> None:
         tl.busy_frac(5, T, T + 1)
     with pytest.raises(ValueError, match="num_devices=2"):
         Timeline({("actor", 0): [3]}, num_devices=2)
+
+
+def test_memory_per_device_and_phase_sums_peaks_of_the_busy_and_residents_of_the_idle() -> None:
+    """Collocated on device 0: in generation the rollout peaks at 5 GB while the offloaded actor left 1 GB; in
+    training the actor peaks at 7 GB while the rollout left 2 GB. Processes without device memory count nothing."""
+    gb = 10**9
+    tl = Timeline(DEVICES, num_devices=4, start=T)
+
+    def used(name: str, group: str, start: float, end: float, peak: float, resident: float) -> dict:
+        return {**span(name, group, 0, start, end), "peak_bytes": int(peak * gb), "resident_bytes": int(resident * gb)}
+
+    tl.extend(
+        [
+            used("offload", "actor", 0.0, 0.5, 9, 1),
+            span("generate_rollouts", "driver", 0, 1.0, 4.0),
+            used("generate", "rollout", 1.0, 4.0, 5, 3),
+            used("offload", "rollout", 4.0, 4.5, 3, 2),
+            span("training", "driver", 0, 5.0, 8.0),
+            used("train", "actor", 5.0, 8.0, 7, 6),
+            span("env_step", "env", 0, 1.0, 4.0),
+        ]
+    )
+    assert tl.memory(T, T + 9, ["generate_rollouts", "training", "sync_weights"]) == {
+        "memory/device_0/generate_rollouts_gb": pytest.approx(5 + 1),
+        "memory/device_0/training_gb": pytest.approx(7 + 2),
+    }
+    trace = json.loads(tl.chrome_trace_json())
+    train = next(e for e in trace["traceEvents"] if e.get("name") == "train")
+    assert (train["args"]["peak_bytes"], train["args"]["resident_bytes"]) == (7 * gb, 6 * gb)
+    assert Timeline(DEVICES, num_devices=4, start=T).memory(T, T + 9, ["training"]) == {}

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from rlplace.core.config import ClusterConfig
-from rlplace.scheduler import Cluster, Worker, WorkerGroup
+from rlplace.scheduler import Cluster, Worker, WorkerGroup, timer
 from tests.scheduler.helpers import on_devices
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
@@ -37,6 +37,13 @@ class GpuPeer(Worker):
         received = self.recv(group, rank)
         assert received["weight"].device == self.device and received["cpu_step"].device.type == "cpu"
         return {key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in received.items()}
+
+    @timer("allocate")
+    def allocate(self, mb: int) -> int:
+        """Keep `mb` MiB on the device and briefly use as much again (the span's peak and resident bytes)."""
+        self.kept = torch.empty(mb * 2**20, dtype=torch.uint8, device=self.device)
+        torch.empty(mb * 2**20, dtype=torch.uint8, device=self.device).fill_(1)
+        return mb
 
     def all_reduce(self) -> float:
         self.init_process_group()
@@ -109,3 +116,16 @@ def test_nccl_between_gpus_and_mixed_broadcast(cluster: Cluster) -> None:
     assert GpuPeer.create_group().launch(
         cluster, name="ddp", placement_strategy=on_devices((0,), (1,), devices_per_node=count)
     ).all_reduce().wait(timeout=120) == [2.0, 2.0]
+
+
+def test_timed_methods_of_a_cuda_worker_carry_its_peak_and_resident_memory(
+    same_gpu: tuple[WorkerGroup, WorkerGroup],
+) -> None:
+    actor, _ = same_gpu
+    actor.pop_timings().wait(timeout=60)
+    actor.allocate(64).wait(timeout=60)
+    (span,) = actor.pop_timings().wait(timeout=60)[0]
+    mib = 2**20
+    assert span["name"] == "allocate"
+    assert span["resident_bytes"] >= 64 * mib  # also what earlier tests left
+    assert span["peak_bytes"] - span["resident_bytes"] == 64 * mib  # the temporary

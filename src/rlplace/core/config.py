@@ -201,9 +201,10 @@ class RunnerConfig:
     max_steps: int = 150
     """Training steps (each: sync weights, generate, advantages, train, record)."""
     seed: int = 1
-    save_interval: int = 10
+    save_interval: int | None = 10
     """Checkpoint every this many steps (and at the end, and when SIGTERM or Ctrl-C stops the run); 0 saves only at
-    the end."""
+    the end; null never (benchmark and profiling runs, whose checkpoints of a large model would cost minutes and
+    tens of GB)."""
     resume: str | None = None
     """None starts fresh; `auto` continues the newest checkpoint of the run folder (an error if there is none);
     `auto_or_new` starts fresh then; or a checkpoint path."""
@@ -227,7 +228,12 @@ class RunnerConfig:
     def __post_init__(self) -> None:
         check(self.max_steps >= 1, "runner.max_steps", self.max_steps, "at least 1 (a run with no step trains nothing)")
         check(self.seed >= 0, "runner.seed", self.seed, "0 or more (numpy and gymnasium take no negative seed)")
-        check(self.save_interval >= 0, "runner.save_interval", self.save_interval, "0 (only at the end) or more")
+        check(
+            self.save_interval is None or self.save_interval >= 0,
+            "runner.save_interval",
+            self.save_interval,
+            "0 (only at the end), more, or null (never)",
+        )
         check(self.eval_interval >= 1, "runner.eval_interval", self.eval_interval, "at least 1")
         check(self.hang_timeout_s > 0, "runner.hang_timeout_s", self.hang_timeout_s, "positive")
         check(self.max_staleness >= 0, "runner.max_staleness", self.max_staleness, "0 (synchronous) or more")

@@ -103,6 +103,7 @@ class Runner(ABC, Generic[C, G, A, T]):
         self.timer = PhaseTimer()
         self.timeline = placement_timeline(placement, list(groups))
         self.switcher = PhaseSwitcher(self.groups, placement, phases, offloadable, self.timer)
+        self.phase_names = [name for name, _ in phases]
         self.hang_deadline = HangDeadline(self.groups.values(), cfg.runner.hang_timeout_s)
         self.schedule = AsyncSchedule.of(placement, cfg.runner.max_staleness, cfg.runner.max_steps, trainer="actor")
         self.checkpoint_root = context.run_dir / checkpoint.FOLDER
@@ -217,7 +218,9 @@ class Runner(ABC, Generic[C, G, A, T]):
                 self.history.append(metrics)
                 progress.update(step + 1, metrics)
                 done = last or self.should_stop() or preemption.requested()
-                if done or (cfg.save_interval and (step + 1) % cfg.save_interval == 0):
+                if cfg.save_interval is not None and (
+                    done or (cfg.save_interval and (step + 1) % cfg.save_interval == 0)
+                ):
                     self.save_checkpoint(step + 1)
                 if done:
                     break
@@ -267,9 +270,10 @@ class Runner(ABC, Generic[C, G, A, T]):
     def step_metrics(self, t0: float, t1: float) -> dict[str, float]:
         """What every family records of the step that ran from `t0` to `t1` (Unix times): time/* of the driver's
         phases and of each generator's busy seconds, the actor's training time when it ran beside generation, and
-        its overlap with generation when asynchronous."""
+        its overlap with generation when asynchronous; on CUDA devices memory/* per device and phase."""
         metrics = self.timer.step_metrics()
         collect_spans(self.timer, self.timeline, self.groups.values())
+        metrics.update(self.timeline.memory(t0, t1, self.phase_names))
         for name in self.generators:
             metrics[f"time/{name}"] = self.timeline.busy_seconds(name, t0, t1)
         if self.training_window is not None:

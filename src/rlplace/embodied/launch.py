@@ -30,6 +30,8 @@ class StartingRun(NamedTuple):
     actor: StartingGroup
     device_cores: dict[int, list[int]]
     """Each device's CPU cores (`profile.cores_by_device`), for profile.json."""
+    node_cores: dict[int, list[int]]
+    """Each node's CPU cores (`profile.cores_by_node`), for profile.json."""
 
 
 def start(cfg: EmbodiedConfig, cluster: Cluster) -> StartingRun:
@@ -49,6 +51,7 @@ def start(cfg: EmbodiedConfig, cluster: Cluster) -> StartingRun:
         ),
         actor=start_group(ActorWorker.create_group(cfg, env_world_size), "actor"),
         device_cores=profile.cores_by_device(cluster),
+        node_cores=profile.cores_by_node(cluster),
     )
 
 
@@ -64,6 +67,7 @@ def runner(cfg: EmbodiedConfig, starting: StartingRun, context: RunContext) -> E
         identity=checkpoint_identity(cfg),
         context=context,
         device_cores=starting.device_cores,
+        node_cores=starting.node_cores,
     )
 
 

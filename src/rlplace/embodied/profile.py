@@ -9,9 +9,9 @@ other process idles. Each worker times its unit with `median_seconds`: medians, 
 call must not move the cost.
 
 profile.json: {"family", "env_id", "device_type", "devices": {device: [cpu cores]} (empty lists on gpu clusters),
-"placement": ComponentPlacement.to_dict(), "config": {the fields that size the units and the step},
-"env" | "rollout" | "actor": {"sizes": [n, ...], "seconds": [s, ...]}, "average": {"ranks", "seconds", "bytes"} or
-null}.
+"node_cores": {node: [cpu cores]}, "placement": ComponentPlacement.to_dict(), "config": {the fields that size the
+units and the step}, "env" | "rollout" | "actor": {"sizes": [n, ...], "seconds": [s, ...]}, "average": {"ranks",
+"seconds", "bytes"} or null}.
 """
 
 from __future__ import annotations
@@ -95,10 +95,17 @@ def cores_by_device(cluster: Cluster) -> dict[int, list[int]]:
     return {device: list(cluster.cores_of(*divmod(device, per_node))) for device in range(cluster.num_devices)}
 
 
+def cores_by_node(cluster: Cluster) -> dict[int, list[int]]:
+    """Every node (rank) -> the CPU cores its workers may use: on a gpu node, the cores its processes' CPU work (a
+    simulator, the Python around the kernels) shares."""
+    return {node: list(cluster.node_cores(node)) for node in range(cluster.num_nodes)}
+
+
 def measure(
     cfg: EmbodiedConfig,
     placement: ComponentPlacement,
     cores: dict[int, list[int]],
+    node_cores: dict[int, list[int]],
     *,
     env: WorkerGroup,
     rollout: WorkerGroup,
@@ -128,6 +135,7 @@ def measure(
         "env_id": cfg.task.env_id,
         "device_type": cfg.cluster.device_type,
         "devices": {str(device): found for device, found in cores.items()},
+        "node_cores": {str(node): found for node, found in node_cores.items()},
         "placement": placement.to_dict(),
         "config": {
             "total_num_envs": cfg.task.total_num_envs,

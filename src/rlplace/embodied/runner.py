@@ -83,15 +83,17 @@ class EmbodiedRunner(Runner[Channels, Generated, None, dict[str, float]]):
         identity: dict[str, Any],
         context: RunContext,
         device_cores: dict[int, list[int]] | None = None,
+        node_cores: dict[int, list[int]] | None = None,
     ) -> None:
-        """`device_cores` (device -> its CPU cores, `profile.cores_by_device`) goes into profile.json with
-        runner.profile=true."""
+        """`device_cores` (device -> its CPU cores, `profile.cores_by_device`) and `node_cores` (node -> its cores,
+        `profile.cores_by_node`) go into profile.json with runner.profile=true."""
         offloadable = {name: getattr(cfg, name).enable_offload for name in COMPONENTS}
         groups = {"actor": actor, "rollout": rollout, "env": env}
         super().__init__(cfg, groups, PHASES, offloadable, placement, identity, context)
         self.cfg: EmbodiedConfig = cfg
         self.actor, self.rollout, self.env = actor, rollout, env
         self.device_cores = {} if device_cores is None else device_cores
+        self.node_cores = {} if node_cores is None else node_cores
         self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
         self.total_env_steps = 0
         self.steps_before = 0
@@ -227,6 +229,7 @@ class EmbodiedRunner(Runner[Channels, Generated, None, dict[str, float]]):
             self.cfg,
             self.placement,
             self.device_cores,
+            self.node_cores,
             env=self.env,
             rollout=self.rollout,
             actor=self.actor,

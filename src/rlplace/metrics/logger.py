@@ -22,8 +22,8 @@ WANDB_MODES = ("offline", "online", "disabled")
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 WANDB_ID_FILE = "wandb_id.txt"
-SUMMARY_PREFIXES = ("throughput/", "time/", "plan/")
-"""What `summarize` takes medians of: speeds, phase times, and the planner's prediction and its error."""
+SUMMARY_PREFIXES = ("throughput/", "time/", "plan/", "memory/")
+"""What `summarize` takes medians of: speeds, phase times, the planner's prediction and its error, device memory."""
 THROUGHPUT = "throughput/"
 GENERATED = "time/generate_rollouts"
 """Logged by a step that generated rollouts (the sweep report keys on it too)."""

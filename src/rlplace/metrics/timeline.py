@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 HOST_PID = 1 << 20
 """Trace row (pid) for processes without devices: the driver, node-group (CPU-only) workers."""
@@ -40,6 +40,23 @@ class Span(TypedDict):
     rank: int
     start: float
     end: float
+    peak_bytes: NotRequired[int]
+    """On a CUDA worker: its process's peak allocated device bytes during the span (`DeviceMemory`)."""
+    resident_bytes: NotRequired[int]
+    """... and what it left allocated at the span's end."""
+
+
+MEMORY_KEYS = ("peak_bytes", "resident_bytes")
+GB = 1e9
+
+
+def make_span(
+    name: str, group: str, rank: int, start: float, seconds: float, memory: tuple[int, int] | None = None
+) -> Span:
+    span = Span(name=name, group=group, rank=rank, start=start, end=start + seconds)
+    if memory is not None:
+        span["peak_bytes"], span["resident_bytes"] = memory
+    return span
 
 
 def merge_intervals(intervals: Iterable[Interval], t0: float, t1: float) -> list[Interval]:
@@ -85,7 +102,10 @@ def _check_span(span: Mapping[str, Any]) -> Span:
     start, end = float(span["start"]), float(span["end"])
     if end < start:
         raise ValueError(f"span {dict(span)!r} ends before it starts")
-    return Span(name=str(span["name"]), group=str(span["group"]), rank=int(span["rank"]), start=start, end=end)
+    record = Span(name=str(span["name"]), group=str(span["group"]), rank=int(span["rank"]), start=start, end=end)
+    if all(key in span for key in MEMORY_KEYS):
+        record["peak_bytes"], record["resident_bytes"] = int(span["peak_bytes"]), int(span["resident_bytes"])
+    return record
 
 
 class Timeline:
@@ -122,6 +142,8 @@ class Timeline:
         """(row, group, rank) -> thread id in the trace."""
         self._events: list[str] = []
         """The spans' trace events, JSON-encoded once as they arrive, so that `write` every step stays cheap."""
+        self._memory: dict[tuple[str, int], list[Span]] = {}
+        """(group, rank) -> its spans that carry device memory, in the order they arrived."""
 
     @property
     def spans(self) -> list[Span]:
@@ -138,6 +160,8 @@ class Timeline:
             self._by_device[device].append(interval)
         self._by_group.setdefault(record["group"], []).append(interval)
         self._by_name.setdefault((record["group"], record["name"]), []).append(interval)
+        if "peak_bytes" in record:
+            self._memory.setdefault((record["group"], record["rank"]), []).append(record)
         self._events.extend(self._encode_span(record))
 
     def extend(self, spans: Iterable[Mapping[str, Any]]) -> None:
@@ -154,6 +178,35 @@ class Timeline:
     def utilization(self, t0: float, t1: float) -> dict[str, float]:
         """`util/device_<i>/busy_frac` for every device of the run over [t0, t1]."""
         return {f"util/device_{d}/busy_frac": self.busy_frac(d, t0, t1) for d in self.device_ids}
+
+    def memory(self, t0: float, t1: float, phases: Sequence[str], driver: str = "driver") -> dict[str, float]:
+        """`memory/device_<d>/<phase>_gb` for each of the `driver`'s `phases` that ran in [t0, t1]: per device, the
+        sum over its CUDA processes of their peak in the spans that overlap the phase, or, for a process idle in it,
+        what its last span before the phase left allocated. Nothing without CUDA workers.
+
+        A sum of per-process peaks: two processes peaking at different moments of a phase count as peaking at once,
+        which is also how the planner's memory model adds components up (`rlplace.planner.memory`)."""
+        found: dict[str, float] = {}
+        for phase in phases:
+            for start, end in merge_intervals(self._by_name.get((driver, phase), []), t0, t1):
+                for device, used in self._device_bytes(start, end).items():
+                    key = f"memory/device_{device}/{phase}_gb"
+                    found[key] = max(found.get(key, 0.0), used / GB)
+        return found
+
+    def _device_bytes(self, start: float, end: float) -> dict[int, int]:
+        used: dict[int, int] = {}
+        for process, spans in self._memory.items():
+            held = 0
+            for span in reversed(spans):  # the newest first: the window is at most a step back
+                if span["end"] <= start:
+                    held = max(held, span["resident_bytes"])
+                    break
+                if span["start"] < end:
+                    held = max(held, span["peak_bytes"])
+            for device in self.devices_of(*process):
+                used[device] = used.get(device, 0) + held
+        return used
 
     def busy_seconds(self, group: str, t0: float, t1: float) -> float:
         """Seconds of [t0, t1] during which at least one rank of `group` was busy."""
@@ -264,7 +317,12 @@ class Timeline:
                 "dur": (span["end"] - span["start"]) * 1e6,
                 "pid": pid,
                 "tid": self._threads[key],
-                "args": {"group": group, "rank": rank, "devices": list(devices)},
+                "args": {
+                    "group": group,
+                    "rank": rank,
+                    "devices": list(devices),
+                    **{key: span[key] for key in MEMORY_KEYS if key in span},
+                },
             }
             yield _encode(event)
 

@@ -94,9 +94,10 @@ class Cluster:
         atexit.register(self.shutdown)
         try:
             self._nodes = _rank_nodes(where, cfg)
-            node_cores = self._find_node_cores() if self.device_type == "cpu" else []
+            self._node_cores = self._find_node_cores()
             self._device_cores = [
-                split_cores(cores, cfg.num_devices_per_node, cfg.cpus_per_device) for cores in node_cores
+                split_cores(cores, cfg.num_devices_per_node, cfg.cpus_per_device)
+                for cores in (self._node_cores if self.device_type == "cpu" else [])
             ]
             self._check_load(self._device_cores, load)
             self._bundles = [self._node_bundles(rank) for rank in range(self.num_nodes)]
@@ -115,6 +116,10 @@ class Cluster:
 
     def node_ip(self, node_rank: int) -> str:
         return self._nodes[node_rank]["NodeManagerAddress"]
+
+    def node_cores(self, node_rank: int) -> tuple[int, ...]:
+        """The CPU cores the workers of node `node_rank` may use (on a gpu node: the ones its processes share)."""
+        return tuple(self._node_cores[node_rank])
 
     def cores_of(self, node_rank: int, local_device: int) -> tuple[int, ...]:
         """The CPU cores owned by logical device `local_device` of node `node_rank` (cpu clusters only)."""

@@ -2,7 +2,8 @@
 
 Durations alone cannot show whether two components overlapped, so each call becomes a `Span` (rlplace.metrics.
 timeline) with wall-clock start and end (`time.time()`, comparable across processes on one machine and, with
-synchronised clocks, across nodes). Spans stay in the worker until the driver drains them with
+synchronised clocks, across nodes); on a CUDA worker the span also carries the process's peak and resident device
+memory (`DeviceMemory`). Spans stay in the worker until the driver drains them with
 `group.pop_timings().wait()`; nothing is sent per call.
 """
 
@@ -26,11 +27,12 @@ def timer(name: str) -> Callable[[F], F]:
 
         @functools.wraps(method)
         def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+            self._device_memory.enter()
             start, tick = time.time(), time.perf_counter()
             try:
                 return method(self, *args, **kwargs)
             finally:
-                self._record_span(name, start, time.perf_counter() - tick)
+                self._record_span(name, start, time.perf_counter() - tick, self._device_memory.exit())
 
         return timed  # type: ignore[return-value]
 

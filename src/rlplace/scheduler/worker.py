@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.actor import ActorClass
 
-from rlplace.metrics.timeline import Span
+from rlplace.metrics.timeline import Span, make_span
 from rlplace.placement.placement import Placement
 from rlplace.scheduler.context import WorkerContext
+from rlplace.scheduler.device_memory import DeviceMemory
 from rlplace.scheduler.group import WorkerGroupSpec
 from rlplace.scheduler.serving import serve_calls
 
@@ -45,8 +46,10 @@ class Worker:
     """
 
     _context: WorkerContext
-    _spans: list[tuple[str, float, float]]
-    """Timed blocks since the last `pop_timings`: name, unix start, seconds (made `Span`s when handed over)."""
+    _spans: list[tuple[str, float, float, tuple[int, int] | None]]
+    """Timed blocks since the last `pop_timings`: name, unix start, seconds, (peak, resident) device bytes or None
+    (made `Span`s when handed over)."""
+    _device_memory: DeviceMemory
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Worker:
         self = super().__new__(cls)
@@ -61,6 +64,7 @@ class Worker:
             )
         self._context = context
         self._spans = []
+        self._device_memory = DeviceMemory()
         if context.cores:
             pin_process(context.cores)
         return self
@@ -99,9 +103,7 @@ class Worker:
         """Hand over and forget the spans of `@timer` methods and `span` blocks recorded since the last pop."""
         spans, self._spans = self._spans, []
         group, rank = self.group_name, self.rank
-        return [
-            Span(name=name, group=group, rank=rank, start=start, end=start + seconds) for name, start, seconds in spans
-        ]
+        return [make_span(name, group, rank, start, seconds, memory) for name, start, seconds, memory in spans]
 
     def _process(self) -> tuple[str, int]:
         """This rank's host and process id, which the driver reads once the rank has started: a call that misses its
@@ -162,10 +164,10 @@ class Worker:
         computes, not when it waits."""
         return _SpanTimer(self, name)
 
-    def _record_span(self, name: str, start: float, seconds: float) -> None:
+    def _record_span(self, name: str, start: float, seconds: float, memory: tuple[int, int] | None = None) -> None:
         """Keep a span that began at unix time `start`; its length comes from a monotonic clock, which the wall
-        clock's adjustments cannot stretch or shrink."""
-        self._spans.append((name, start, seconds))
+        clock's adjustments cannot stretch or shrink. `memory`: the device bytes at peak and left at its end."""
+        self._spans.append((name, start, seconds, memory))
 
 
 class _SpanTimer:
