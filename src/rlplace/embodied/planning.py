@@ -8,14 +8,19 @@ loaded resource can serve all their work (`planner.busiest`).
 
 Generation, per env step, with E env processes, R rollout processes and S stages (a stream is one env process's
 share of one stage, n = N / (E S) sub-envs; a rollout process serves m = E S / R streams):
-- 1 stage: env and rollout take turns: the env processes' step, then the rollout processes' m inferences, each
-  with half a hop (a hop passes observations to the rollout and actions back: work at both ends).
-- S stages: both sides work at once: the busiest resource for S env steps per env process and m inferences per
-  rollout process, or one stream's round trip, whichever is longer.
-Plus, per step, starting and collecting each generation process's method. The hop and the per-minibatch overhead of
-training are calibrated on the profiled run, so that the model reproduces it; the call overhead is read off its
-timeline. Training is epochs x minibatches x (one update of the rank's share of a minibatch + averaging + that
-overhead) per actor rank, on the busiest resource. With `max_staleness` >= 1 the actor also computes proximal
+streams go round independently (while a rollout serves one stream, the other streams' envs step), so a cycle takes
+the busiest resource's time for S env steps per env process and m inferences per rollout process, or one stream's
+round trip (its env step, then its inference), whichever is longer; each side's unit with half a hop (a hop passes
+observations to the rollout and actions back: work at both ends). With one env process at 1 stage that is env and
+rollout taking turns. Plus, per step, starting and collecting each generation process's method. Each unit costs what
+it cost inside the profiled run's loop relative to alone (its spans, where its process had its cores to itself); the
+hop and the per-minibatch overhead of training are calibrated on the profiled run, so that the model reproduces it;
+the call overhead is read off its timeline. Processes on cpu devices run on their cores; processes on a GPU or in a
+node group are CPU work on a core of their node each (their units, small policies' kernel launches and simulators,
+are CPU-bound: the GPU is not modelled as shared).
+
+Training is epochs x minibatches x (one update of the rank's share of a minibatch + averaging + that overhead) per
+actor rank, on the busiest resource. With `max_staleness` >= 1 the actor also computes proximal
 log-probs (a forward pass over its batch), and where its devices are its own, generation and training run side by
 side: as long as the longer of the two, or as the busiest resource needs for both.
 
@@ -93,9 +98,18 @@ class Layout:
     devices: dict[str, frozenset[int]]
 
     @classmethod
-    def of(cls, placement: ComponentPlacement | Mapping[str, Any], cores: Mapping[int, Sequence[int]]) -> Layout:
-        """From a placement (or its `to_dict()`) and the cores of each device (empty: a GPU, a resource itself).
-        A process without devices (a node group) is assumed to find a core of its own."""
+    def of(
+        cls,
+        placement: ComponentPlacement | Mapping[str, Any],
+        cores: Mapping[int, Sequence[int]],
+        node_cores: Mapping[int, Sequence[int]] | None = None,
+    ) -> Layout:
+        """From a placement (or its `to_dict()`), the cores of each device of a cpu cluster, and each node's cores.
+
+        A process on cpu devices runs on their cores. A process that is not pinned (on a GPU, whose units are the
+        CPU work of launching its kernels, or in a node group) runs on a core of its node: the node's cores are
+        dealt out to such processes in turn, shared only when there are more processes than cores; with the node's
+        cores unknown, each process is assumed to find one of its own."""
         ranks = (
             placement["components"]
             if isinstance(placement, Mapping)
@@ -104,17 +118,18 @@ class Layout:
                 for name in placement.components
             }
         )
+        node_cores = node_cores or {}
+        dealt: dict[int, int] = {}
         processes: dict[str, list[Resources]] = {}
         for name, procs in ranks.items():
-            processes[name] = [
-                frozenset(
-                    r
-                    for device in proc["devices"]
-                    for r in ([("core", proc["node"], c) for c in cores.get(device, ())] or [("gpu", device)])
-                )
-                or frozenset({(name, i)})
-                for i, proc in enumerate(procs)
-            ]
+            processes[name] = []
+            for i, proc in enumerate(procs):
+                pinned = frozenset(("core", proc["node"], c) for d in proc["devices"] for c in cores.get(d, ()))
+                if not pinned:
+                    free = node_cores.get(proc["node"])
+                    turn = dealt[proc["node"]] = dealt.get(proc["node"], -1) + 1
+                    pinned = frozenset({("core", proc["node"], free[turn % len(free)]) if free else (name, i)})
+                processes[name].append(pinned)
         devices = {name: frozenset(d for proc in procs for d in proc["devices"]) for name, procs in ranks.items()}
         return cls(processes, devices)
 
@@ -148,9 +163,13 @@ class StepModel:
         self.env, self.rollout, self.actor = (profile.curve(name) for name in COMPONENTS)
         self.average = profile.data.get("average")
         self.cores = {int(d): tuple(c) for d, c in profile.data["devices"].items()}
+        self.device_type = profile.data.get("device_type", "cpu")
+        self.node_cores = {int(n): tuple(c) for n, c in profile.data.get("node_cores", {}).items()}
+        """Each profiled node's cores (older profiles lack them: each unpinned process then has a core of its own)."""
         own_shape = Shape.from_dict(profile.config)
-        own = Layout.of(profile.data["placement"], self.cores)
+        own = Layout.of(profile.data["placement"], self.cores, self.node_cores)
         self.own_rollouts = len(own.processes["rollout"])
+        self.env_loop, self.rollout_loop = (self._in_loop(own_shape, own, name) for name in ("env", "rollout"))
         self.own_samples_per_rank = _samples_per_rank(own_shape, len(own.processes["actor"]))
         self.call_overhead_s = profile.generation_overhead_s / (len(own.processes["env"]) + self.own_rollouts)
         """Starting and collecting one worker method of generation (a Ray call each way)."""
@@ -163,11 +182,35 @@ class StepModel:
         explained = sum(self.fixed.values()) + measured["generate_rollouts"] + measured["training"] + self.switches_s
         self.step_overhead_s = max(0.0, measured["step"] - explained)
 
+    def _in_loop(self, shape: Shape, own: Layout, name: str) -> float:
+        """How much longer (or shorter) `name`'s unit took inside the profiled run's loop than alone: its rank 0's
+        seconds in its generation spans per step over its units' cost. The loop adds what the unit alone leaves out
+        (bookkeeping around it, a simulator's state out of cache between calls). Read only where that rank had its
+        cores to itself, so the spans hold no contention, which the model adds per placement; 1 otherwise."""
+        seconds = self.profile.loop_s.get(name)
+        first = own.processes[name][0]
+        shared = any(first & other for group in own.processes.values() for other in group if other is not first)
+        if seconds is None or shared:
+            return 1.0
+        envs = len(own.processes["env"])
+        n = shape.total_num_envs / (envs * shape.stages)
+        if name == "env":
+            units = shape.stages * shape.num_steps * self.env.at(n)
+        else:
+            units = envs * shape.stages / self.own_rollouts * (shape.num_steps + 1) * self.rollout.at(n)
+        return seconds / units
+
+    def plan_node_cores(self, device_type: str) -> dict[int, tuple[int, ...]] | None:
+        """The node cores to place another run's unpinned processes on: the profiled node's, for a cluster of the
+        same device type (every node like it); unknown (a core each) for another type."""
+        return self.node_cores if device_type == self.device_type and self.node_cores else None
+
     def machine_cores(self) -> list[int]:
         """The profiled machine's cores, for placing a cpu cluster of another shape on it."""
         return sorted({c for cores in self.cores.values() for c in cores})
 
-    def predict(self, shape: Shape, layout: Layout, offloadable: Mapping[str, bool]) -> Prediction:
+    def predict(self, shape: Shape, layout: Layout, offloadable: Mapping[str, bool], gpu: bool = False) -> Prediction:
+        """The step of `shape` placed as `layout` (`gpu`: on a gpu cluster)."""
         assumptions = []
         generation = self._generation(shape, layout, self.hop_s)
         training = self._training(shape, layout, self.minibatch_s, assumptions)
@@ -193,8 +236,12 @@ class StepModel:
             phases["overlapped"] = work
         step = phases["sync_weights"] + switches + work + advantages + self.step_overhead_s
         assumptions.append("weight sync costs the profiled run's per rollout rank; the step's own overhead as there")
-        if any(r[0] == "gpu" for procs in layout.processes.values() for p in procs for r in p):
-            assumptions.append("a GPU runs a unit of work as fast as the profiled device")
+        if gpu:
+            assumptions.append("a GPU runs a unit of work as fast as the profiled device, its kernels not the bound")
+        if gpu != (self.device_type == "gpu"):
+            assumptions.append(
+                f"profiled on {self.device_type} devices: each process off cpu devices finds a core of its own"
+            )
         return Prediction(step, phases, shape.total_num_envs * shape.num_steps / step, tuple(assumptions))
 
     def _generation_work(self, shape: Shape, layout: Layout, hop: float) -> tuple[list[Work], float]:
@@ -202,18 +249,16 @@ class StepModel:
         envs, rollouts = layout.processes["env"], layout.processes["rollout"]
         streams = len(envs) * shape.stages
         n, m = shape.total_num_envs / streams, streams / len(rollouts)
-        env_side = self.env.at(n) + hop / 2  # a hop is work at both ends: packing and unpacking
-        infer_side = self.rollout.at(n) + hop / 2
+        env_side = self.env.at(n) * self.env_loop + hop / 2  # a hop is work at both ends: packing and unpacking
+        infer_side = self.rollout.at(n) * self.rollout_loop + hop / 2
         work = [(p, shape.stages * env_side) for p in envs] + [(p, m * infer_side) for p in rollouts]
         return work, env_side + infer_side
 
     def _generation(self, shape: Shape, layout: Layout, hop: float) -> float:
         work, round_trip = self._generation_work(shape, layout, hop)
-        if shape.stages == 1:  # env and rollout take turns, each side contending only with its own kind
-            envs = len(layout.processes["env"])
-            cycle = busiest(work[:envs]) + busiest(work[envs:])
-        else:  # both sides at once: the busiest resource, or one stream's round trip
-            cycle = max(busiest(work), round_trip)
+        # Streams go round independently: while a rollout serves one, the others' envs step (with several env
+        # processes, also at 1 stage). The busiest resource, or one stream's round trip, sets the pace.
+        cycle = max(busiest(work), round_trip)
         calls = self.call_overhead_s * len(work)
         return (shape.num_steps + 1) * cycle + calls
 
@@ -349,8 +394,9 @@ def load_model(profile_dir: str | Path, env_id: str) -> StepModel:
 
 def predict_run(model: StepModel, cfg: EmbodiedConfig, placement: ComponentPlacement) -> Prediction:
     """The predicted step of the run `cfg`, placed as `placement`, on its own cluster."""
-    layout = Layout.of(placement, cluster_cores(model, cfg))
-    return model.predict(Shape.of(cfg), layout, offloadable(cfg))
+    gpu = cfg.cluster.device_type == "gpu"
+    layout = Layout.of(placement, cluster_cores(model, cfg), model.plan_node_cores(cfg.cluster.device_type))
+    return model.predict(Shape.of(cfg), layout, offloadable(cfg), gpu)
 
 
 def offloadable(cfg: EmbodiedConfig) -> dict[str, bool]:
@@ -401,13 +447,14 @@ def search(cfg: EmbodiedConfig, model: StepModel, stages: Sequence[int] = (1, 2,
     """
     nodes, per_node = cfg.cluster.num_nodes, cfg.cluster.num_devices_per_node
     cores = cluster_cores(model, cfg)
+    gpu = cfg.cluster.device_type == "gpu"
     limit = cfg.cluster.max_oversubscription * len(model.machine_cores()) if cores else None
     found = []
     for where in layouts(nodes * per_node):
         placement = ComponentPlacement(where, nodes, per_node, components=COMPONENTS)
         if limit is not None and sum(placement.get_world_size(c) for c in COMPONENTS) > limit * nodes:
             continue
-        layout = Layout.of(placement, cores)
+        layout = Layout.of(placement, cores, model.plan_node_cores(cfg.cluster.device_type))
         for num_stages in stages:
             for staleness in (0, 1):
                 try:
@@ -419,6 +466,6 @@ def search(cfg: EmbodiedConfig, model: StepModel, stages: Sequence[int] = (1, 2,
                     check_embodied(candidate, placement)
                 except (ConfigError, PlacementError):
                     continue
-                prediction = model.predict(Shape.of(candidate), layout, offloadable(cfg))
+                prediction = model.predict(Shape.of(candidate), layout, offloadable(cfg), gpu)
                 found.append(Ranked(placement.mode, where, num_stages, staleness, prediction))
     return sorted(found, key=lambda r: r.prediction.step_s)

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 GB = 1e9
+FP32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -67,17 +68,26 @@ class TransformerShape:
             + self.hidden_size  # the final norm
         )
 
+    def state_dict_parameters(self) -> int:
+        """The values of a state dict of the model: tied embeddings appear twice in it (as the input embedding and as
+        the LM head), and weight sync sends both."""
+        return self.parameters() + (self.embedding_parameters() if self.tied_embeddings else 0)
+
     def largest_unit(self) -> int:
         """The largest part a sharded model gathers at once: a decoder layer or a vocabulary matrix."""
         return max(self.layer_parameters(), self.embedding_parameters())
 
+    def state_bytes(self, ranks: int, head: bool = True) -> int:
+        """One rank's share of the float32 weights, gradients and AdamW moments (16 bytes a parameter): what stays on
+        its device between training phases (`ranks` 1 for a replica)."""
+        return -(-16 * self.parameters(head) // ranks)
+
     def training_state_bytes(self, ranks: int, sharded: bool, compute_bytes: int, head: bool = True) -> int:
-        """One rank's float32 weights, gradients and AdamW moments (16 bytes a parameter); sharded, 1/`ranks` of them
-        plus one gathered unit in the compute precision and its unreduced float32 gradient."""
-        state = 16 * self.parameters(head)
+        """One rank's training state inside a pass: a replica's whole state; sharded, 1/`ranks` of it plus one
+        gathered unit in the compute precision and its unreduced float32 gradient."""
         if not sharded:
-            return state
-        return -(-state // ranks) + self.largest_unit() * (compute_bytes + 4)
+            return self.state_bytes(1, head)
+        return self.state_bytes(ranks, head) + self.largest_unit() * (compute_bytes + 4)
 
     def kv_cache_bytes(self, tokens: int, dtype_bytes: int) -> int:
         """Keys and values of `tokens` tokens in every layer."""
@@ -89,14 +99,15 @@ class TransformerShape:
         Per token and layer: the inputs of both norms and of the four attention projections, the rotated queries
         and keys, the values, and the MLP's gate, up, activation and product (6 h + 2 kv + 4 i values); the
         attention probabilities, heads x seq_len per token (the math kernel of a CPU keeps them); the logits and
-        their softmax for the log-probs and the entropy (3 V per token). With checkpointing each layer keeps its input
-        alone, and one layer's full set is rebuilt at a time.
+        their softmax for the log-probs and the entropy (3 V per token), in float32 whatever the compute precision
+        (a sharded actor's outputs are cast to float32, and the losses take the log-softmax in float32). With
+        checkpointing each layer keeps its input alone, and one layer's full set is rebuilt at a time.
         """
         tokens = rows * seq_len
         h, kv, i = self.hidden_size, self.kv_size, self.intermediate_size
         per_layer = tokens * (6 * h + 2 * kv + 4 * i + self.num_heads * seq_len)
         layers = self.num_layers * tokens * h + per_layer if checkpointing else self.num_layers * per_layer
-        return (layers + tokens * 3 * self.vocab_size) * dtype_bytes
+        return layers * dtype_bytes + tokens * 3 * self.vocab_size * FP32_BYTES
 
 
 @dataclass(frozen=True)

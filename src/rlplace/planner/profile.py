@@ -36,6 +36,9 @@ class Profile:
     """Median seconds per step of each `time/*` metric, over the steps after the warm-up."""
     generation_overhead_s: float
     """Per step, the part of generation no worker span covers: starting and collecting the worker methods."""
+    loop_s: dict[str, float]
+    """Per step, rank 0 of each generating group's seconds inside its generation spans (the env's steps; the
+    rollout's inferences and their bookkeeping): what its units cost inside the loop, median over measured steps."""
 
     def curve(self, name: str) -> Curve:
         return Curve.from_dict(self.data[name])
@@ -69,7 +72,8 @@ def load_profile(folder: str | Path, family: str, task: str) -> Profile:
         if not (folder / name).is_file():
             raise ProfileError(f"plan.profile = {str(folder)!r}: {name} is missing (valid: a whole run folder)")
     phases = _read(folder, METRICS_FILE, _phase_medians)
-    return Profile(folder, data, phases, _read(folder, TIMELINE_FILE, _generation_overhead))
+    overhead, loop = _read(folder, TIMELINE_FILE, _generation_timing)
+    return Profile(folder, data, phases, overhead, loop)
 
 
 VALID = " (valid: the folder of a run trained with runner.profile=true, as it wrote it)"
@@ -105,18 +109,37 @@ def _phase_medians(text: str) -> dict[str, float]:
     return {key: statistics.median(found) for key, found in values.items()}
 
 
-def _generation_overhead(text: str) -> float:
-    """Median over measured steps of (first worker span - phase start) + (phase end - last worker span)."""
+def _generation_timing(text: str) -> tuple[float, dict[str, float]]:
+    """Medians over measured steps of (first worker span - phase start) + (phase end - last worker span), and of
+    each group's rank-0 seconds in its spans within the phase (`Profile.loop_s`; spans without group and rank, as a
+    hand-made trace may have, count toward the overhead only)."""
     events = [e for e in json.loads(text)["traceEvents"] if e.get("ph") == "X"]
     phases = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == "generate_rollouts")
-    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] in GENERATION_SPANS)
-    starts = [start for start, _ in spans]
+    # A process on several devices has its span on each device's row: once each here.
+    found = {(e["ts"], e["ts"] + e["dur"], _rank0_group(e)) for e in events if e["name"] in GENERATION_SPANS}
+    spans = sorted(found, key=lambda span: span[:2])
+    starts = [start for start, _, _ in spans]
     gaps = []
+    loop: dict[str, list[float]] = defaultdict(list)
     for start, end in phases[WARMUP_STEPS:] or phases:
         # The spans that start in the phase (sorted by start: a slice), of which those that also end in it.
         inside = [
-            (s, e) for s, e in spans[bisect.bisect_left(starts, start) : bisect.bisect_right(starts, end)] if e <= end
+            span
+            for span in spans[bisect.bisect_left(starts, start) : bisect.bisect_right(starts, end)]
+            if span[1] <= end
         ]
         if inside:
-            gaps.append((inside[0][0] - start + end - max(e for _, e in inside)) / 1e6)
-    return statistics.median(gaps) if gaps else 0.0
+            gaps.append((inside[0][0] - start + end - max(e for _, e, _ in inside)) / 1e6)
+        busy: dict[str, float] = defaultdict(float)
+        for s, e, group in inside:
+            if group is not None:
+                busy[group] += (e - s) / 1e6
+        for group, seconds in busy.items():
+            loop[group].append(seconds)
+    overhead = statistics.median(gaps) if gaps else 0.0
+    return overhead, {group: statistics.median(found) for group, found in loop.items()}
+
+
+def _rank0_group(event: dict[str, Any]) -> str | None:
+    args = event.get("args", {})
+    return args.get("group") if args.get("rank") == 0 else None

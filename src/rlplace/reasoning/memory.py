@@ -5,10 +5,11 @@ Per rank, from the model folder's `config.json` and the run's sizes:
 - actor: float32 weights, gradients and AdamW's two moments (16 bytes a parameter; with `actor.strategy = fsdp` 1/N of
   them per rank, plus one gathered unit in the compute precision and its unreduced gradient), the critic's alike
   for ppo; working, the activations of its largest training pass;
-- rollout: the engine's weights in its precision (bfloat16 on GPUs, float32 on CPUs) and the KV cache of a
+- rollout: the engine's weights in its precision (float32 for hf, bfloat16 for vLLM on a GPU) and the KV cache of a
   micro-batch's responses at full length; a vLLM engine on a GPU reserves `rollout.gpu_memory_utilization` of the
-  device instead;
-- inference: its copy of the policy and, with a KL term, the reference model, and a scoring pass's logits;
+  device instead; in weight sync, the whole float32 state dict received beside its weights;
+- inference: its copy of the policy and, with a KL term, the reference model, and a scoring pass's logits; in weight
+  sync, one bucket beside them;
 - reward: a reward model's weights, when there is one.
 Pure Python (no torch): prompts are measured in tokens with the folder's `tokenizer.json` (`tokenizers`), or in
 characters without one; a chat template's few tokens are not counted.
@@ -102,30 +103,46 @@ def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: i
     sharded = strategies.resolve(cfg.actor.strategy, cfg.actor.dtype, ranks, on_gpu) == "fsdp"
     compute = BF16 if cfg.actor.dtype == "bf16" else FP32
     heads = [True] + ([False] if cfg.algorithm.has_critic else [])  # the policy; the critic has no LM head
+    resident = sum(shape.state_bytes(ranks if sharded else 1, head) for head in heads)
     state = sum(shape.training_state_bytes(ranks, sharded, compute, head) for head in heads)
     rows = cfg.task.prompts_per_step * cfg.algorithm.group_size // ranks // cfg.algorithm.num_minibatches
     budget = cfg.actor.max_tokens_per_micro_batch
     if budget is not None:  # a pass holds as many rows of its width as fit, one at least
         rows = max(1, min(rows, budget // seq_len))
     activations = shape.activation_bytes(max(rows, 1), seq_len, cfg.actor.gradient_checkpointing, compute)
-    return Usage(state, {"training": state + activations})
+    working = {"training": state + activations}
+    if sharded and ranks > 1:  # weight sync gathers one bucket of the whole model at a time
+        working["sync_weights"] = resident + _bucket_bytes(cfg, shape)
+    return Usage(resident, working)
 
 
 def _rollout(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu: bool) -> Usage:
-    weights = shape.parameters() * (BF16 if on_gpu else FP32)
+    """The hf engine keeps the policy in float32 (it samples what the actor scores); vLLM in the model's bfloat16.
+    Weight sync gathers the whole state dict as the actor sends it (float32) before the engine loads it."""
+    dtype = BF16 if on_gpu and cfg.rollout.backend == "vllm" else FP32
+    weights = shape.parameters() * dtype
     rows = cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size
-    working = weights + shape.kv_cache_bytes(rows * seq_len, BF16 if on_gpu else FP32)
+    working = weights + shape.kv_cache_bytes(rows * seq_len, dtype)
     if on_gpu and cfg.rollout.backend == "vllm" and cfg.cluster.device_memory_gb is not None:
         working = max(working, int(cfg.rollout.gpu_memory_utilization * cfg.cluster.device_memory_gb * GB))
-    return Usage(weights, {"generate_rollouts": working})
+    received = weights + shape.state_dict_parameters() * FP32
+    return Usage(weights, {"sync_weights": received, "generate_rollouts": working})
 
 
 def _inference(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu: bool) -> Usage:
+    """The policy (and the reference model) in float32; weight sync copies one bucket at a time into the policy."""
     copies = 2 if cfg.algorithm.kl_coef > 0 else 1
     weights = copies * shape.parameters() * FP32
     rows = min(64, cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size)  # `response_logprobs`' pass
     logits = rows * seq_len * shape.vocab_size * FP32 * 2
-    return Usage(weights, {"generate_rollouts": weights + logits})
+    return Usage(weights, {"sync_weights": weights + _bucket_bytes(cfg, shape), "generate_rollouts": weights + logits})
+
+
+def _bucket_bytes(cfg: ReasoningConfig, shape: TransformerShape) -> int:
+    """The largest bucket of weight sync, in float32: `weight_sync.bucket_mb`, or the vocabulary matrix, which travels
+    alone when larger (`core.weights.buckets`); the whole state dict when that is smaller."""
+    largest = max(int(cfg.weight_sync.bucket_mb * 1e6), shape.embedding_parameters() * FP32)
+    return min(largest, shape.state_dict_parameters() * FP32)
 
 
 def _longest_prompt(source: PromptSource, folder: Path) -> int:

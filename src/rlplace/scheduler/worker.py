@@ -159,9 +159,9 @@ class Worker:
         return self._transfers.recv(src_group, src_rank)
 
     def span(self, name: str) -> _SpanTimer:
-        """Time a block inside a method (`with self.span("env_step"):`), like `@timer` does a whole method: for
-        phases finer than one call (one simulator step, one inference), so the timeline shows when a component
-        computes, not when it waits."""
+        """Time a block inside a method (`with self.span("env_step"):`), like `@timer` does a whole method (device
+        memory included): for phases finer than one call (one simulator step, one inference), so the timeline shows
+        when a component computes, not when it waits."""
         return _SpanTimer(self, name)
 
     def _record_span(self, name: str, start: float, seconds: float, memory: tuple[int, int] | None = None) -> None:
@@ -180,10 +180,12 @@ class _SpanTimer:
         self.worker, self.name = worker, name
 
     def __enter__(self) -> None:
+        self.worker._device_memory.enter()
         self.start, self.tick = time.time(), time.perf_counter()
 
     def __exit__(self, *exc_info: object) -> None:
-        self.worker._record_span(self.name, self.start, time.perf_counter() - self.tick)
+        seconds = time.perf_counter() - self.tick
+        self.worker._record_span(self.name, self.start, seconds, self.worker._device_memory.exit())
 
 
 def pin_process(cores: tuple[int, ...]) -> None:
