@@ -126,6 +126,14 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
     "max_steps": ("rlplace-train", ["runner.max_steps=0"], "runner.max_steps = 0 is invalid: at least 1"),
     "hang_timeout_s": ("rlplace-plan", ["runner.hang_timeout_s=0"], "runner.hang_timeout_s = 0.0"),
     "max_staleness": ("rlplace-plan", ["runner.max_staleness=-1"], "runner.max_staleness = -1"),
+    "replace_at step": ("rlplace-train", ["runner.replace_at=[150:collocated]"], "runner.replace_at = ['150:"),
+    "replace_at auto": ("rlplace-train", ["runner.replace_at=[2:auto]"], "runner.replace_at = 2:auto is invalid"),
+    "replace_at unfit": (
+        "rlplace-train",
+        ["runner.replace_at=[2:reasoning_hybrid]"],  # a reasoning preset for an embodied run: no env placed
+        "runner.replace_at = 2:reasoning_hybrid:",
+    ),
+    "replace_at preset": ("rlplace-train", ["runner.replace_at=[2:nowhere]"], "runner.replace_at = 2:nowhere: "),
     "connect_timeout_s": ("rlplace-train", ["cluster.connect_timeout_s=0"], "cluster.connect_timeout_s = 0.0"),
     "num_devices_per_node": ("rlplace-plan", ["cluster.num_devices_per_node=0"], "cluster.num_devices_per_node = 0 is"),
     "bucket_mb": ("rlplace-plan", ["weight_sync.bucket_mb=-1"], "weight_sync.bucket_mb = -1.0"),

@@ -49,6 +49,14 @@ def describe_compose_error(err: Exception) -> str:
 def compose_run(overrides: list[str], with_hydra: bool = False) -> DictConfig:
     """The run config that `rlplace-train` would compose from `overrides` (with Hydra's own section if asked),
     without creating a run folder or logging; composition errors exit 2 with one line."""
+    try:
+        return compose_config(overrides, with_hydra)
+    except ConfigError as err:
+        fail(str(err))
+
+
+def compose_config(overrides: list[str], with_hydra: bool = False) -> DictConfig:
+    """`compose_run`, raising ConfigError (one line) for overrides that do not compose."""
     register()
     try:
         refuse_sweeps(OverridesParser.create().parse_overrides(overrides))
@@ -57,7 +65,7 @@ def compose_run(overrides: list[str], with_hydra: bool = False) -> DictConfig:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return compose(config_name="train", overrides=overrides, return_hydra_config=with_hydra)
     except (HydraException, OmegaConfBaseException) as err:
-        fail(describe_compose_error(err))
+        raise ConfigError(describe_compose_error(err)) from None
 
 
 def refuse_sweeps(overrides: list[Override]) -> None:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,9 @@ from rlplace.core.errors import ConfigError
 from rlplace.core.launcher import Launcher, RunContext
 from rlplace.core.neighbours import describe, other_embedded_rays
 from rlplace.families import Plan, family_of, register, resolve
-from rlplace.metrics import MetricLogger, TrackerRun, build_logger, process_uptime_s, summarize
-from rlplace.placement import PlacementError
+from rlplace.metrics import MetricLogger, Span, Timeline, TrackerRun, build_logger, process_uptime_s, summarize
+from rlplace.placement import Placement, PlacementError
+from rlplace.replace import Switch, switches
 from rlplace.scheduler import ClusterError
 
 register()
@@ -48,16 +50,22 @@ SUMMARY_PREFIXES = ("final/", "eval/", "run/")
 """The keys of the launcher's final metrics that go into the run's summary, besides the medians of `summarize`."""
 
 
-def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | None = None) -> dict[str, float]:
+def train(
+    plan: Plan,
+    run_dir: Path,
+    resolved_config: dict,
+    started: float | None = None,
+    switches: Sequence[Switch] = (),
+) -> dict[str, float]:
     """Check the checkpoint to resume, start the cluster, then the family's groups and, while they start, the logger;
-    then run the family's loop (`core.runner.Runner`).
+    then run the family's loop (`core.runner.Runner`), re-placed at each of `switches` (`runner.replace_at`).
 
     Raises ConfigError for a checkpoint that cannot resume this run and ClusterError for a cluster that cannot hold
     it, both before any worker starts. SIGTERM or Ctrl-C during the run end it after the current step, with a
     checkpoint (`preemption`). `started` is the `time.monotonic()` reading `run/startup_s` counts from (None: now);
     `run/teardown_s` counts from the loop's end until the workers and Ray are stopped.
     """
-    from rlplace.scheduler import Cluster  # Ray is imported when a run starts: `--help` and TAB completion stay quick
+    from rlplace.scheduler import Cluster, check_start  # Ray loads when a run starts: `--help` stays quick
 
     started = time.monotonic() if started is None else started
     cfg, mode = plan.cfg, plan.placement.mode
@@ -66,20 +74,21 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
     if resume is not None:
         family.result().check_checkpoint(cfg, resume)
     cfg.runner.resume = None if resume is None else str(resume)  # `auto` resolved once, here, for every worker
-    devices = "; ".join(
-        f"device {device}: {', '.join(names) or 'idle'}" for device, names in plan.placement.device_sharing().items()
-    )
     if plan.ranking is not None:
         log_ranking(plan.ranking, cfg.plan.top)
-    log.info(f"rlplace: {mode} {plan.family.name} run of {cfg.task.name} ({devices}); outputs in {run_dir}")
+    log.info(f"rlplace: {mode} {plan.family.name} run of {cfg.task.name} ({sharing(plan)}); outputs in {run_dir}")
     if cfg.cluster.address is None and (neighbours := describe(other_embedded_rays())):
         log.warning(neighbours)
     history: list[dict[str, float]] = []
-    processes = [process for name in plan.placement for process in plan.placement.get_placements(name)]
     logger: MetricLogger | None = None
+    # The run's placements in turn, each with the step after which the next one takes over (None: the last).
+    pending = [s for s in switches if resume is None or s.step > checkpoint.step_of(resume)]
+    for switch in pending:  # each placement must fit the cluster before the first one starts
+        check_start(switch.plan.cfg.cluster, processes(switch.plan))
+    segments = list(zip([plan, *(s.plan for s in pending)], [*(s.step for s in pending), None], strict=True))
     try:
         with (
-            Cluster(cfg.cluster, call_timeout_s=cfg.runner.hang_timeout_s, placements=processes) as cluster,
+            Cluster(cfg.cluster, call_timeout_s=cfg.runner.hang_timeout_s, placements=processes(plan)) as cluster,
             preemption.handled(),
         ):
             launcher = family.result()
@@ -88,15 +97,33 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
             if plan.ranking is not None:
                 info["auto"] = {"overrides": plan.ranking[0].overrides, "predicted_step_s": plan.prediction.step_s}
             (run_dir / RUN_INFO).write_text(json.dumps(info))
-            starting = launcher.start(cfg, cluster)  # the workers' processes start, and meanwhile the logger
-            logger = run_logger(plan, run_dir, resolved_config, labels, resume)
-            predicted = None if plan.prediction is None else plan.prediction.step_s
-            context = RunContext(run_dir, logger, history, predicted_step_s=predicted)
-            runner = launcher.runner(cfg, starting, context)
-            with runner.serving():
-                runner.init_workers()
-                startup_s = time.monotonic() - started
-                final = runner.run()
+            timeline, replaced, switched = None, [], 0.0
+            for index, (current, until) in enumerate(segments):
+                starting = launcher.start(current.cfg, cluster)  # the workers start, and meanwhile the logger
+                if logger is None:
+                    logger = run_logger(plan, run_dir, resolved_config, labels, resume)
+                predicted = None if current.prediction is None else current.prediction.step_s
+                context = RunContext(run_dir, logger, history, predicted_step_s=predicted, timeline=timeline)
+                runner = launcher.runner(current.cfg, starting, context)
+                with runner.serving():
+                    runner.init_workers()
+                    if index == 0:
+                        startup_s = time.monotonic() - started
+                    else:
+                        replaced.append(record_switch(runner.timeline, pending[index - 1], switched))
+                        info["replaced"] = replaced
+                        (run_dir / RUN_INFO).write_text(json.dumps(info))
+                    final = runner.run(until)
+                timeline = runner.timeline
+                if final is not None:  # the last placement's steps are done, or the run stopped early
+                    break
+                switched = runner.switch_started
+                following = segments[index + 1][0]
+                following.cfg.runner.resume = str(checkpoint.resolve_resume("auto", run_dir / checkpoint.FOLDER))
+                launcher.check_checkpoint(following.cfg, Path(following.cfg.runner.resume))
+                log.info(f"rlplace: step {until}: re-placing the run as {pending[index].preset} ({sharing(following)})")
+                cluster.replace(processes(following))
+            assert final is not None
             final["run/startup_s"] = startup_s
             trained = time.monotonic()
         # The logger outlives the cluster so that the summary has the teardown too.
@@ -107,6 +134,32 @@ def train(plan: Plan, run_dir: Path, resolved_config: dict, started: float | Non
         if logger is not None:
             logger.close()
     return final
+
+
+def processes(plan: Plan) -> list[Placement]:
+    """Every worker process of the plan's placement."""
+    return [process for name in plan.placement for process in plan.placement.get_placements(name)]
+
+
+def sharing(plan: Plan) -> str:
+    """Which components each device holds, for the run's start line ("device 0: actor, env; device 1: ...")."""
+    return "; ".join(
+        f"device {device}: {', '.join(names) or 'idle'}" for device, names in plan.placement.device_sharing().items()
+    )
+
+
+def record_switch(timeline: Timeline, switch: Switch, began: float) -> dict[str, Any]:
+    """A switch that has just ended (the new workers hold the checkpoint's state): its span on the timeline (the
+    driver's "replace", from the checkpoint to now), a console line, and its run.json entry."""
+    seconds = time.time() - began
+    timeline.add(Span(name="replace", group="driver", rank=0, start=began, end=began + seconds))
+    log.info(f"rlplace: re-placed as {switch.preset} after step {switch.step} in {seconds:.1f} s")
+    return {"step": switch.step, "preset": switch.preset, "seconds": seconds}
+
+
+def run_overrides(argv: list[str]) -> list[str]:
+    """The overrides that compose the run (Hydra's own settings left out, but for where option files are found)."""
+    return [arg for arg in argv if not arg.startswith("hydra.") or arg.startswith("hydra.searchpath=")]
 
 
 def log_ranking(ranking: list[Any], top: int) -> None:
@@ -161,7 +214,8 @@ def run(cfg: DictConfig) -> float | None:
         if hydra_cfg.mode == RunMode.MULTIRUN and plan.cfg.logger.wandb.group is None:
             plan.cfg.logger.wandb.group = sweep_group(hydra_cfg)
         config = {**OmegaConf.to_container(cfg, resolve=True), **dashboard_config(plan, hydra_cfg)}
-        final = train(plan, run_dir, config, started)
+        overrides = run_overrides([*hydra_cfg.overrides.hydra, *hydra_cfg.overrides.task])
+        final = train(plan, run_dir, config, started, switches(plan, overrides))
     except (ConfigError, PlacementError, ClusterError) as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             # One combination of a sweep that this cluster cannot hold: skip it, keep sweeping.
@@ -242,7 +296,7 @@ def sweep_group(hydra_cfg: Any) -> str:
     return "-".join([name, *Path(hydra_cfg.sweep.dir).parts[-2:]])
 
 
-def check_run(composed: DictConfig) -> None:
+def check_run(composed: DictConfig, argv: list[str]) -> None:
     """Refuse (exit 2, one line) a single run that `run` would refuse, before Hydra makes its folder and logging and
     before Ray is imported: its config and placement (`resolve`), the checkpoint it resumes (files, manifest and
     runner state; whether it fits this run is checked by `train`, which needs the family's launcher), and a cluster
@@ -251,6 +305,7 @@ def check_run(composed: DictConfig) -> None:
     cfg = OmegaConf.masked_copy(composed, [key for key in composed if key != "hydra"])
     try:
         plan = resolve(cfg)
+        switches(plan, run_overrides(argv))
         resume = checkpoint.resolve_resume(plan.cfg.runner.resume, run_dir / checkpoint.FOLDER)
         if resume is not None:
             checkpoint.read_state(resume, plan.family.name)
@@ -318,7 +373,7 @@ def main() -> None:
     if given and not any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):
         claim_run_folder(Path(given[-1]))  # before Hydra writes its files into a folder that another run holds
     if composed is not None:
-        check_run(composed)
+        check_run(composed, sys.argv[1:])
     try:
         run()
     except KeyboardInterrupt:

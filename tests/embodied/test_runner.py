@@ -28,6 +28,7 @@ from rlplace.embodied.profile import PROFILE_FILE
 from rlplace.families import resolve
 from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError
+from rlplace.replace import switches
 from rlplace.scheduler import Cluster
 from rlplace.train import RUN_INFO, train
 
@@ -124,9 +125,10 @@ def shared_ray() -> Iterator[None]:
 
 
 def run(run_dir: Path, *overrides: str) -> list[dict[str, float]]:
-    """A tiny run, resolved and trained as `rlplace-train` does; its metrics.jsonl rows."""
+    """A tiny run, resolved and trained as `rlplace-train` does (re-placed where it says so); its metrics.jsonl
+    rows."""
     plan = resolve(compose_run([*TINY, *overrides]))
-    train(plan, run_dir, resolved_config={})
+    train(plan, run_dir, resolved_config={}, switches=switches(plan, [*TINY, *overrides]))
     return metrics(run_dir)
 
 
@@ -305,6 +307,8 @@ ONE_EACH = ["placement=hybrid", "cluster.component_placement.env=0", "cluster.co
 OVERLAPPED = [*ONE_EACH, "cluster.component_placement.actor=1"]
 ONE_EACH_COLLOCATED = [*ONE_EACH, "cluster.component_placement.actor=0"]
 ASYNC = ["runner.max_staleness=1", "runner.max_steps=4"]
+REPLACE = [f"hydra.searchpath=[file://{ROOT / 'tests' / 'presets'}]", "runner.replace_at=[2:one_device]"]
+"""Re-placed after step 2 into the tests' own preset: env, rollout and actor on device 0 (as ONE_EACH_COLLOCATED)."""
 
 
 @pytest.mark.slow
@@ -326,6 +330,19 @@ def test_async_training_resumes_exactly_under_another_placement(shared_ray: None
     for row, full in zip(resumed, overlapped[2:], strict=True):
         for key in (*COMPARED, "env/total_steps", "train/lr", "train/behaviour_weight"):
             assert row.get(key) == full.get(key), key  # the last step generates nothing
+    # The same switch in one run (runner.replace_at): after step 2 it checkpoints, stops its workers, starts them
+    # on device 0 alone (a preset of the tests' own) from that checkpoint, and goes on: one metrics.jsonl, the same
+    # numbers as the run that never moved, the switch on the timeline and in run.json.
+    switched = run(mkdir(tmp_path / "switched"), *OVERLAPPED, *ASYNC, *REPLACE)
+    assert [row["step"] for row in switched] == [0, 1, 2, 3]
+    for row, full in zip(switched, overlapped, strict=True):
+        for key in (*COMPARED, "env/total_steps", "train/lr", "train/behaviour_weight", "async/staleness"):
+            assert row.get(key) == full.get(key), (row["step"], key)
+    (replaced,) = json.loads((tmp_path / "switched" / RUN_INFO).read_text())["replaced"]
+    assert (replaced["step"], replaced["preset"]) == (2, "one_device") and replaced["seconds"] > 0
+    trace = json.loads((tmp_path / "switched" / "timeline.json").read_text())["traceEvents"]
+    assert [e["name"] for e in trace if e.get("ph") == "X" and e["name"] == "replace"] == ["replace"]
+    assert {e["name"] for e in trace if e.get("ph") == "X" and e["args"]["group"] == "actor"} >= {"training"}
 
 
 @pytest.mark.slow

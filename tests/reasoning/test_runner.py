@@ -36,6 +36,7 @@ from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError
 from rlplace.reasoning.launch import check_checkpoint, checkpoint_identity
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
+from rlplace.replace import switches
 from rlplace.train import train
 from tests.reasoning.runs import TINY, Run, command, compared, published, same, start
 
@@ -152,6 +153,32 @@ def test_resume_under_another_placement_continues_exactly(
     again, once = (json.loads((folder / "summary.json").read_text()) for folder in (tmp_path, full.run_dir))
     for key in ("eval/accuracy_before", "eval/accuracy_after"):
         assert again[key] == once[key], key
+
+
+# The same move, made by the run itself (runner.replace_at): collocated on device 0 for steps 0-1, then, from the
+# checkpoint the switch writes, the actor alone on device 1 (a preset of the tests' own) for steps 2-3, in one run.
+PRESETS = Path(__file__).resolve().parents[1] / "presets"
+ON_DEVICE_0 = [
+    "placement=reasoning_disaggregated",
+    *(f"cluster.component_placement.{name}=0" for name in ("rollout", "reward", "inference", "actor")),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["collocated"])
+def test_a_run_re_placed_while_it_runs_continues_exactly(
+    variant: str, runs: dict[str, Run], model_path: Path, tmp_path: Path
+) -> None:
+    overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *ASYNC_PPO, *ON_DEVICE_0]
+    overrides += [f"hydra.searchpath=[file://{PRESETS}]", "runner.replace_at=[2:actor_apart]"]
+    plan = resolve(compose_run(overrides))
+    (switch,) = switches(plan, overrides)
+    assert plan.placement.mode == "collocated" and switch.plan.placement.devices_of("actor") == [1]
+    train(plan, tmp_path, resolved_config={}, switches=[switch])
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 1, 2, 3]
+    assert [compared(row) for row in rows] == [compared(row) for row in runs[variant].finished().metrics()]
+    assert json.loads((tmp_path / "run.json").read_text())["replaced"][0]["preset"] == "actor_apart"
 
 
 @pytest.mark.slow

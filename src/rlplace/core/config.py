@@ -224,6 +224,10 @@ class RunnerConfig:
     """After the last step (and its checkpoint), time each component's unit of work at several sizes, one component
     at a time on an otherwise idle cluster, into the run folder's profile.json: the measured costs from which
     `rlplace-plan plan.profile=<run folder>` predicts the step time of other placements (embodied tasks)."""
+    replace_at: list[str] = field(default_factory=list)
+    """Re-place the running job: `STEP:PRESET` entries (`'runner.replace_at=[4:disaggregated]'`). After STEP steps
+    the run checkpoints, stops its workers, reserves the placement preset's devices in the same Ray session, starts
+    the workers there from the checkpoint and goes on with the next step, its metrics unchanged."""
 
     def __post_init__(self) -> None:
         check(self.max_steps >= 1, "runner.max_steps", self.max_steps, "at least 1 (a run with no step trains nothing)")
@@ -237,6 +241,18 @@ class RunnerConfig:
         check(self.eval_interval >= 1, "runner.eval_interval", self.eval_interval, "at least 1")
         check(self.hang_timeout_s > 0, "runner.hang_timeout_s", self.hang_timeout_s, "positive")
         check(self.max_staleness >= 0, "runner.max_staleness", self.max_staleness, "0 (synchronous) or more")
+        self.switches()  # refused here, naming the entry
+
+    def switches(self) -> dict[int, str]:
+        """`replace_at` as step -> placement preset, in step order (ConfigError for an entry that is not one)."""
+        found: dict[int, str] = {}
+        valid = f"STEP:PRESET entries, each STEP once, between 1 and runner.max_steps - 1 = {self.max_steps - 1}"
+        for entry in self.replace_at:
+            step, _, preset = str(entry).partition(":")
+            ok = step.strip().isdigit() and bool(preset.strip()) and 0 < int(step) < self.max_steps
+            check(ok and int(step) not in found, "runner.replace_at", list(self.replace_at), valid)
+            found[int(step)] = preset.strip()
+        return dict(sorted(found.items()))
 
 
 @dataclass

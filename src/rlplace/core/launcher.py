@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # the interface must import neither Ray nor torch: the CLIs check configs before either loads
     from rlplace.core.runner import Runner
-    from rlplace.metrics import MetricLogger
+    from rlplace.metrics import MetricLogger, Timeline
     from rlplace.scheduler import Cluster
 
 
@@ -27,6 +27,8 @@ class RunContext:
     """Every step's metrics, appended as the run goes (the driver summarises them)."""
     predicted_step_s: float | None = None
     """The planner's prediction of this run's step time (`plan.profile` given): each step logs it and its error."""
+    timeline: Timeline | None = None
+    """The run's timeline so far, when the runner takes over a re-placed run (`runner.replace_at`); None: a new one."""
 
 
 class Launcher(Protocol):

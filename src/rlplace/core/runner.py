@@ -101,7 +101,7 @@ class Runner(ABC, Generic[C, G, A, T]):
         self.run_dir, self.logger, self.history = context.run_dir, context.logger, context.history
         self.predicted_step_s = context.predicted_step_s
         self.timer = PhaseTimer()
-        self.timeline = placement_timeline(placement, list(groups))
+        self.timeline = placement_timeline(placement, list(groups), context.timeline)
         self.switcher = PhaseSwitcher(self.groups, placement, phases, offloadable, self.timer)
         self.phase_names = [name for name, _ in phases]
         self.hang_deadline = HangDeadline(self.groups.values(), cfg.runner.hang_timeout_s)
@@ -109,6 +109,8 @@ class Runner(ABC, Generic[C, G, A, T]):
         self.checkpoint_root = context.run_dir / checkpoint.FOLDER
         self.start_step = 0
         self.training_window: tuple[float, float] | None = None
+        self.switch_started = 0.0
+        """When `run(until)` stopped for a re-placement (unix seconds): the switch's cost counts from here."""
         """When training ran beside generation this step: the window in which the actor's busy time is its
         time/training (the driver cannot time a phase it does not wait on alone)."""
 
@@ -196,9 +198,10 @@ class Runner(ABC, Generic[C, G, A, T]):
         self.restore(state)
         log.info(f"rlplace: resumed from {resume} at step {self.start_step}")
 
-    def run(self) -> dict[str, float]:
+    def run(self, until: int | None = None) -> dict[str, float] | None:
         """Train `runner.max_steps` steps, or until the family stops it or the run is preempted (SIGTERM, Ctrl-C);
-        returns the final metrics (`finish`). The last step is always checkpointed."""
+        returns the final metrics (`finish`). The last step is always checkpointed. With `until`, a re-placement
+        (`runner.replace_at`) is due after that step: the run checkpoints it and returns None, to go on elsewhere."""
         cfg = self.cfg.runner
         metrics: dict[str, float] = {}
         self.before_run()
@@ -218,10 +221,17 @@ class Runner(ABC, Generic[C, G, A, T]):
                 self.history.append(metrics)
                 progress.update(step + 1, metrics)
                 done = last or self.should_stop() or preemption.requested()
-                if cfg.save_interval is not None and (
-                    done or (cfg.save_interval and (step + 1) % cfg.save_interval == 0)
+                switch = not done and step + 1 == until
+                if switch:
+                    self.switch_started = time.time()
+                if switch or (
+                    cfg.save_interval is not None
+                    and (done or (cfg.save_interval and (step + 1) % cfg.save_interval == 0))
                 ):
                     self.save_checkpoint(step + 1)
+                if switch:
+                    self.timeline.write(self.run_dir / TIMELINE_FILE)
+                    return None
                 if done:
                     break
         seconds = time.perf_counter() - start
@@ -308,20 +318,24 @@ def open_channels(kind: type[C], spinning: Mapping[str, float] | None = None, **
             channel.close()
 
 
-def placement_timeline(placement: ComponentPlacement, components: Sequence[str]) -> Timeline:
-    """A timeline with one row per device, knowing which devices each rank of each component runs on.
+def placement_timeline(
+    placement: ComponentPlacement, components: Sequence[str], earlier: Timeline | None = None
+) -> Timeline:
+    """A timeline with one row per device, knowing which devices each rank of each component runs on (`earlier`:
+    a re-placed run's timeline so far, which goes on with this placement's devices).
 
     Components go in in the placement's config order, which is the order in which each trace row names its
     components ("device 0: actor, env"), as the run's start line and `rlplace-plan` do.
     """
-    return Timeline(
-        {
-            (name, p.rank): p.devices
-            for name in sorted(components, key=placement.components.index)
-            for p in placement.get_placements(name)
-        },
-        num_devices=placement.num_devices,
-    )
+    devices = {
+        (name, p.rank): p.devices
+        for name in sorted(components, key=placement.components.index)
+        for p in placement.get_placements(name)
+    }
+    if earlier is None:
+        return Timeline(devices, num_devices=placement.num_devices)
+    earlier.remap(devices, num_devices=placement.num_devices)
+    return earlier
 
 
 def collect_spans(timer: PhaseTimer, timeline: Timeline, groups: Iterable[WorkerGroup]) -> None:

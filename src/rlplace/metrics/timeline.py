@@ -125,9 +125,7 @@ class Timeline:
         num_devices: int | None = None,
         start: float | None = None,
     ) -> None:
-        self._devices: dict[tuple[str, int], tuple[int, ...]] = {
-            (str(group), int(rank)): tuple(int(d) for d in devs) for (group, rank), devs in devices.items()
-        }
+        self._devices = _device_map(devices)
         used = {d for devs in self._devices.values() for d in devs}
         if num_devices is not None and used and max(used) >= num_devices:
             raise ValueError(f"device {max(used)} is outside the run's num_devices={num_devices}")
@@ -144,6 +142,16 @@ class Timeline:
         """The spans' trace events, JSON-encoded once as they arrive, so that `write` every step stays cheap."""
         self._memory: dict[tuple[str, int], list[Span]] = {}
         """(group, rank) -> its spans that carry device memory, in the order they arrived."""
+
+    def remap(self, devices: Mapping[tuple[str, int], Sequence[int]], *, num_devices: int | None = None) -> None:
+        """Place the spans added from now on by `devices` (a run re-placed between two steps); the spans so far stay
+        on the rows they were drawn on. Rows are labelled by the newest placement."""
+        self._devices = _device_map(devices)
+        used = {d for devs in self._devices.values() for d in devs} | set(range(num_devices or 0))
+        self.device_ids = sorted(set(self.device_ids) | used)
+        for device in self.device_ids:
+            self._by_device.setdefault(device, [])
+        self._memory.clear()  # the processes that held device memory are gone
 
     @property
     def spans(self) -> list[Span]:
@@ -325,6 +333,10 @@ class Timeline:
                 },
             }
             yield _encode(event)
+
+
+def _device_map(devices: Mapping[tuple[str, int], Sequence[int]]) -> dict[tuple[str, int], tuple[int, ...]]:
+    return {(str(group), int(rank)): tuple(int(d) for d in devs) for (group, rank), devs in devices.items()}
 
 
 def _encode(event: dict[str, Any]) -> str:

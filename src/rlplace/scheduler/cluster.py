@@ -150,6 +150,22 @@ class Cluster:
         if any(group.name == name and not group.terminated for group in self._groups):
             raise ValueError(f"a worker group named {name!r} is already running on this cluster")
 
+    def replace(self, placements: Sequence[Placement]) -> None:
+        """Make room for a new set of worker processes in the same Ray session (a running job re-placed): stop every
+        group, give the devices back, and reserve anew, for `placements`, at the next launch. The rendezvous starts
+        afresh too, so the new groups' names are free. ClusterError if the new processes overload the nodes."""
+        self._check_load(self._device_cores, Counter(p.node_rank for p in placements))
+        terminate_groups(self._groups)
+        self._groups = []
+        if self._rendezvous is not None:
+            ray.kill(self._rendezvous)
+            self._rendezvous = None
+        self.rendezvous_name = f"rlplace.rendezvous.{uuid.uuid4().hex[:8]}"
+        if self._reservation is not None:
+            self._reservation.release()
+            self._reservation = None
+        self._processes_per_device = Counter(p.devices[0] for p in placements if p.devices)
+
     def add_group(self, group: WorkerGroup) -> None:
         """Track a launched group so that `shutdown` tears it down."""
         self._groups.append(group)
