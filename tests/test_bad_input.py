@@ -133,6 +133,8 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
         ["runner.replace_at=[2:reasoning_hybrid]"],  # a reasoning preset for an embodied run: no env placed
         "runner.replace_at = 2:reasoning_hybrid:",
     ),
+    "replan without a profile": ("rlplace-train", ["runner.replan_interval=5"], "runner.replan_interval = 5 is"),
+    "replan_margin": ("rlplace-train", ["runner.replan_margin=0"], "runner.replan_margin = 0.0 is invalid"),
     "replace_at preset": ("rlplace-train", ["runner.replace_at=[2:nowhere]"], "runner.replace_at = 2:nowhere: "),
     "connect_timeout_s": ("rlplace-train", ["cluster.connect_timeout_s=0"], "cluster.connect_timeout_s = 0.0"),
     "num_devices_per_node": ("rlplace-plan", ["cluster.num_devices_per_node=0"], "cluster.num_devices_per_node = 0 is"),

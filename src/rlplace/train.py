@@ -35,7 +35,7 @@ from rlplace.core.neighbours import describe, other_embedded_rays
 from rlplace.families import Plan, family_of, register, resolve
 from rlplace.metrics import MetricLogger, Span, Timeline, TrackerRun, build_logger, process_uptime_s, summarize
 from rlplace.placement import Placement, PlacementError
-from rlplace.replace import Switch, switches
+from rlplace.replace import Schedule, Switch, switches
 from rlplace.scheduler import ClusterError
 
 register()
@@ -81,11 +81,10 @@ def train(
         log.warning(neighbours)
     history: list[dict[str, float]] = []
     logger: MetricLogger | None = None
-    # The run's placements in turn, each with the step after which the next one takes over (None: the last).
     pending = [s for s in switches if resume is None or s.step > checkpoint.step_of(resume)]
     for switch in pending:  # each placement must fit the cluster before the first one starts
         check_start(switch.plan.cfg.cluster, processes(switch.plan))
-    segments = list(zip([plan, *(s.plan for s in pending)], [*(s.step for s in pending), None], strict=True))
+    schedule = Schedule(plan, pending, history)
     try:
         with (
             Cluster(cfg.cluster, call_timeout_s=cfg.runner.hang_timeout_s, placements=processes(plan)) as cluster,
@@ -97,8 +96,9 @@ def train(
             if plan.ranking is not None:
                 info["auto"] = {"overrides": plan.ranking[0].overrides, "predicted_step_s": plan.prediction.step_s}
             (run_dir / RUN_INFO).write_text(json.dumps(info))
-            timeline, replaced, switched = None, [], 0.0
-            for index, (current, until) in enumerate(segments):
+            timeline, switch, switched, replaced = None, None, 0.0, []
+            while True:  # one pass per placement the run goes through (`runner.replace_at`, `replan_interval`)
+                current = schedule.current
                 starting = launcher.start(current.cfg, cluster)  # the workers start, and meanwhile the logger
                 if logger is None:
                     logger = run_logger(plan, run_dir, resolved_config, labels, resume)
@@ -107,22 +107,23 @@ def train(
                 runner = launcher.runner(current.cfg, starting, context)
                 with runner.serving():
                     runner.init_workers()
-                    if index == 0:
-                        startup_s = time.monotonic() - started
+                    if switch is None:
+                        startup_s = schedule.cost_s = time.monotonic() - started
                     else:
-                        replaced.append(record_switch(runner.timeline, pending[index - 1], switched))
-                        info["replaced"] = replaced
-                        (run_dir / RUN_INFO).write_text(json.dumps(info))
-                    final = runner.run(until)
+                        replaced.append(record_switch(runner.timeline, switch, switched))
+                        schedule.cost_s = replaced[-1]["seconds"]
+                    final = runner.run(schedule.due)
                 timeline = runner.timeline
-                if final is not None:  # the last placement's steps are done, or the run stopped early
+                info.update(replaced=replaced, replans=schedule.decisions)
+                (run_dir / RUN_INFO).write_text(json.dumps(info))
+                if final is not None:  # the last step is done, or the run stopped early
                     break
-                switched = runner.switch_started
-                following = segments[index + 1][0]
-                following.cfg.runner.resume = str(checkpoint.resolve_resume("auto", run_dir / checkpoint.FOLDER))
-                launcher.check_checkpoint(following.cfg, Path(following.cfg.runner.resume))
-                log.info(f"rlplace: step {until}: re-placing the run as {pending[index].preset} ({sharing(following)})")
-                cluster.replace(processes(following))
+                switch, switched = schedule.take(), runner.switch_started
+                following = switch.plan.cfg
+                following.runner.resume = str(checkpoint.resolve_resume("auto", run_dir / checkpoint.FOLDER))
+                launcher.check_checkpoint(following, Path(following.runner.resume))
+                log.info(f"rlplace: step {switch.step}: re-placing the run as {switch.to} ({sharing(switch.plan)})")
+                cluster.replace(processes(switch.plan))
             assert final is not None
             final["run/startup_s"] = startup_s
             trained = time.monotonic()
@@ -153,8 +154,8 @@ def record_switch(timeline: Timeline, switch: Switch, began: float) -> dict[str,
     driver's "replace", from the checkpoint to now), a console line, and its run.json entry."""
     seconds = time.time() - began
     timeline.add(Span(name="replace", group="driver", rank=0, start=began, end=began + seconds))
-    log.info(f"rlplace: re-placed as {switch.preset} after step {switch.step} in {seconds:.1f} s")
-    return {"step": switch.step, "preset": switch.preset, "seconds": seconds}
+    log.info(f"rlplace: re-placed as {switch.to} after step {switch.step} in {seconds:.1f} s")
+    return {"step": switch.step, "to": switch.to, "seconds": seconds}
 
 
 def run_overrides(argv: list[str]) -> list[str]:

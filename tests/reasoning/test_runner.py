@@ -178,7 +178,7 @@ def test_a_run_re_placed_while_it_runs_continues_exactly(
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
     assert [compared(row) for row in rows] == [compared(row) for row in runs[variant].finished().metrics()]
-    assert json.loads((tmp_path / "run.json").read_text())["replaced"][0]["preset"] == "actor_apart"
+    assert json.loads((tmp_path / "run.json").read_text())["replaced"][0]["to"] == "actor_apart"
 
 
 @pytest.mark.slow

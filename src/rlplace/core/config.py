@@ -228,6 +228,11 @@ class RunnerConfig:
     """Re-place the running job: `STEP:PRESET` entries (`'runner.replace_at=[4:disaggregated]'`). After STEP steps
     the run checkpoints, stops its workers, reserves the placement preset's devices in the same Ray session, starts
     the workers there from the checkpoint and goes on with the next step, its metrics unchanged."""
+    replan_interval: int | None = None
+    """Every this many steps, ask the planner (from `plan.profile`, or placement=auto's) whether another placement
+    would finish the run sooner by more than `replan_margin` times what a switch costs, and move there if so."""
+    replan_margin: float = 2.0
+    """How many times a switch's measured cost the predicted time saved must exceed."""
 
     def __post_init__(self) -> None:
         check(self.max_steps >= 1, "runner.max_steps", self.max_steps, "at least 1 (a run with no step trains nothing)")
@@ -242,6 +247,13 @@ class RunnerConfig:
         check(self.hang_timeout_s > 0, "runner.hang_timeout_s", self.hang_timeout_s, "positive")
         check(self.max_staleness >= 0, "runner.max_staleness", self.max_staleness, "0 (synchronous) or more")
         self.switches()  # refused here, naming the entry
+        check(
+            self.replan_interval is None or self.replan_interval >= 1,
+            "runner.replan_interval",
+            self.replan_interval,
+            "null (off) or at least 1",
+        )
+        check(self.replan_margin > 0, "runner.replan_margin", self.replan_margin, "positive")
 
     def switches(self) -> dict[int, str]:
         """`replace_at` as step -> placement preset, in step order (ConfigError for an entry that is not one)."""

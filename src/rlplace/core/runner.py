@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -198,10 +198,11 @@ class Runner(ABC, Generic[C, G, A, T]):
         self.restore(state)
         log.info(f"rlplace: resumed from {resume} at step {self.start_step}")
 
-    def run(self, until: int | None = None) -> dict[str, float] | None:
+    def run(self, moves: Callable[[int], bool] | None = None) -> dict[str, float] | None:
         """Train `runner.max_steps` steps, or until the family stops it or the run is preempted (SIGTERM, Ctrl-C);
-        returns the final metrics (`finish`). The last step is always checkpointed. With `until`, a re-placement
-        (`runner.replace_at`) is due after that step: the run checkpoints it and returns None, to go on elsewhere."""
+        returns the final metrics (`finish`). The last step is always checkpointed. `moves(steps done)`, asked after
+        each step but the last: whether the run is re-placed there (`rlplace.replace.Schedule`); it then checkpoints
+        and returns None, to go on elsewhere."""
         cfg = self.cfg.runner
         metrics: dict[str, float] = {}
         self.before_run()
@@ -221,7 +222,7 @@ class Runner(ABC, Generic[C, G, A, T]):
                 self.history.append(metrics)
                 progress.update(step + 1, metrics)
                 done = last or self.should_stop() or preemption.requested()
-                switch = not done and step + 1 == until
+                switch = not done and moves is not None and moves(step + 1)
                 if switch:
                     self.switch_started = time.time()
                 if switch or (
