@@ -58,7 +58,8 @@ def train(
     switches: Sequence[Switch] = (),
 ) -> dict[str, float]:
     """Check the checkpoint to resume, start the cluster, then the family's groups and, while they start, the logger;
-    then run the family's loop (`core.runner.Runner`), re-placed at each of `switches` (`runner.replace_at`).
+    then run the family's loop (`core.runner.Runner`), re-placed at each of `switches` (`runner.replace_at`) and
+    wherever the planner moves it (`runner.replan_interval`: `rlplace.replace.Schedule`).
 
     Raises ConfigError for a checkpoint that cannot resume this run and ClusterError for a cluster that cannot hold
     it, both before any worker starts. SIGTERM or Ctrl-C during the run end it after the current step, with a
@@ -114,8 +115,9 @@ def train(
                         schedule.cost_s = replaced[-1]["seconds"]
                     final = runner.run(schedule.due)
                 timeline = runner.timeline
-                info.update(replaced=replaced, replans=schedule.decisions)
-                (run_dir / RUN_INFO).write_text(json.dumps(info))
+                if replaced or schedule.decisions:
+                    info.update(replaced=replaced, replans=schedule.decisions)
+                    (run_dir / RUN_INFO).write_text(json.dumps(info))
                 if final is not None:  # the last step is done, or the run stopped early
                     break
                 switch, switched = schedule.take(), runner.switch_started
@@ -343,6 +345,8 @@ def profile_first(composed: DictConfig, argv: list[str]) -> list[str]:
         "runner.max_steps=",
         "runner.resume=",
         "runner.save_interval=",
+        "runner.replace_at=",
+        "runner.replan_interval=",
         "logger=",
         "hydra.run.dir=",
     )

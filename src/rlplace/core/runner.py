@@ -109,10 +109,10 @@ class Runner(ABC, Generic[C, G, A, T]):
         self.checkpoint_root = context.run_dir / checkpoint.FOLDER
         self.start_step = 0
         self.training_window: tuple[float, float] | None = None
-        self.switch_started = 0.0
-        """When `run(until)` stopped for a re-placement (unix seconds): the switch's cost counts from here."""
         """When training ran beside generation this step: the window in which the actor's busy time is its
         time/training (the driver cannot time a phase it does not wait on alone)."""
+        self.switch_started = 0.0
+        """When `run` stopped for a re-placement (unix seconds): the switch's cost counts from here."""
 
     # --- what a family supplies ---------------------------------------------------------------------------------
 

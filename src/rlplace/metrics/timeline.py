@@ -200,6 +200,9 @@ class Timeline:
                 for device, used in self._device_bytes(start, end).items():
                     key = f"memory/device_{device}/{phase}_gb"
                     found[key] = max(found.get(key, 0.0), used / GB)
+        for process, spans in self._memory.items():  # later steps need the spans from t0 on, and the last before
+            before = [i for i, span in enumerate(spans) if span["end"] <= t0]
+            self._memory[process] = spans[before[-1] :] if before else spans
         return found
 
     def _device_bytes(self, start: float, end: float) -> dict[int, int]:
