@@ -157,7 +157,7 @@ def record_switch(timeline: Timeline, switch: Switch, began: float) -> dict[str,
     seconds = time.time() - began
     timeline.add(Span(name="replace", group="driver", rank=0, start=began, end=began + seconds))
     log.info(f"rlplace: re-placed as {switch.to} after step {switch.step} in {seconds:.1f} s")
-    return {"step": switch.step, "to": switch.to, "seconds": seconds}
+    return {"step": switch.step, "to": switch.to, "mode": switch.plan.placement.mode, "seconds": seconds}
 
 
 def run_overrides(argv: list[str]) -> list[str]:
@@ -226,7 +226,9 @@ def run(cfg: DictConfig) -> float | None:
             (run_dir / SKIPPED).write_text(f"{err}\n")
             return None
         fail(str(err))
-    line, objective = plan.launcher.summary(plan.cfg, plan.placement.mode, final, run_dir)
+    moves = json.loads((run_dir / RUN_INFO).read_text()).get("replaced", [])
+    mode = f"{moves[-1]['mode']} (re-placed {len(moves)}x)" if moves else plan.placement.mode
+    line, objective = plan.launcher.summary(plan.cfg, mode, final, run_dir)
     log.info(line)
     log.info(
         f"rlplace: start-up {final['run/startup_s']:.1f} s (command to first step), "
