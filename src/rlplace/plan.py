@@ -55,7 +55,7 @@ def predictions(plan: Plan) -> dict[str, Any]:
     if cfg.plan.search:
         from rlplace.embodied import planning
 
-        model = planning.load_model(cfg.plan.profile, cfg.task.env_id)  # read and checked by `resolve` already
+        model = planning.load_model(cfg.plan.profile, cfg.task.env_id)  # the one `resolve` read and checked
         found["search"] = [r.to_dict() for r in planning.search(cfg, model)[: cfg.plan.top]]
     return found
 

@@ -56,7 +56,7 @@ def train(
     resolved_config: dict,
     started: float | None = None,
     switches: Sequence[Switch] = (),
-) -> dict[str, float]:
+) -> tuple[dict[str, float], Plan]:
     """Check the checkpoint to resume, start the cluster, then the family's groups and, while they start, the logger;
     then run the family's loop (`core.runner.Runner`), re-placed at each of `switches` (`runner.replace_at`) and
     wherever the planner moves it (`runner.replan_interval`: `rlplace.replace.Schedule`).
@@ -64,7 +64,8 @@ def train(
     Raises ConfigError for a checkpoint that cannot resume this run and ClusterError for a cluster that cannot hold
     it, both before any worker starts. SIGTERM or Ctrl-C during the run end it after the current step, with a
     checkpoint (`preemption`). `started` is the `time.monotonic()` reading `run/startup_s` counts from (None: now);
-    `run/teardown_s` counts from the loop's end until the workers and Ray are stopped.
+    `run/teardown_s` counts from the loop's end until the workers and Ray are stopped. Returns the final metrics
+    and the plan the run ended in (`plan`, unless it was re-placed).
     """
     from rlplace.scheduler import Cluster, check_start  # Ray loads when a run starts: `--help` stays quick
 
@@ -136,7 +137,7 @@ def train(
     finally:
         if logger is not None:
             logger.close()
-    return final
+    return final, schedule.current
 
 
 def processes(plan: Plan) -> list[Placement]:
@@ -157,7 +158,7 @@ def record_switch(timeline: Timeline, switch: Switch, began: float) -> dict[str,
     seconds = time.time() - began
     timeline.add(Span(name="replace", group="driver", rank=0, start=began, end=began + seconds))
     log.info(f"rlplace: re-placed as {switch.to} after step {switch.step} in {seconds:.1f} s")
-    return {"step": switch.step, "to": switch.to, "mode": switch.plan.placement.mode, "seconds": seconds}
+    return {"step": switch.step, "to": switch.to, "seconds": seconds}
 
 
 def run_overrides(argv: list[str]) -> list[str]:
@@ -218,7 +219,7 @@ def run(cfg: DictConfig) -> float | None:
             plan.cfg.logger.wandb.group = sweep_group(hydra_cfg)
         config = {**OmegaConf.to_container(cfg, resolve=True), **dashboard_config(plan, hydra_cfg)}
         overrides = run_overrides([*hydra_cfg.overrides.hydra, *hydra_cfg.overrides.task])
-        final = train(plan, run_dir, config, started, switches(plan, overrides))
+        final, ended = train(plan, run_dir, config, started, switches(plan, overrides))
     except (ConfigError, PlacementError, ClusterError) as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             # One combination of a sweep that this cluster cannot hold: skip it, keep sweeping.
@@ -226,8 +227,7 @@ def run(cfg: DictConfig) -> float | None:
             (run_dir / SKIPPED).write_text(f"{err}\n")
             return None
         fail(str(err))
-    moves = json.loads((run_dir / RUN_INFO).read_text()).get("replaced", [])
-    mode = f"{moves[-1]['mode']} (re-placed {len(moves)}x)" if moves else plan.placement.mode
+    mode = ended.placement.mode if ended is plan else f"{ended.placement.mode} (re-placed)"
     line, objective = plan.launcher.summary(plan.cfg, mode, final, run_dir)
     log.info(line)
     log.info(

@@ -29,6 +29,7 @@ What the profile cannot say is an assumption, listed with each prediction.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,7 +42,7 @@ from rlplace.embodied.config import COMPONENTS, FAMILY, EmbodiedConfig
 from rlplace.embodied.phases import PHASES
 from rlplace.placement import ComponentPlacement, PlacementError
 from rlplace.placement.cores import device_cores
-from rlplace.planner import Profile, ProfileError, Resources, Work, busiest, load_profile
+from rlplace.planner import PROFILE_FILE, Profile, ProfileError, Resources, Work, busiest, load_profile
 from rlplace.planner.profile import DAMAGED, VALID, describe
 from rlplace.scheduler.limits import SMALL_BYTES
 
@@ -382,13 +383,25 @@ class Ranked:
 
 def load_model(profile_dir: str | Path, env_id: str) -> StepModel:
     """The step model of the profile in `profile_dir`, for runs of `env_id` (ProfileError if it cannot serve them,
-    also when its files parse but lack what the model reads: a profile is input, perhaps hand-made or cut short)."""
+    also when its files parse but lack what the model reads: a profile is input, perhaps hand-made or cut short).
+
+    Read once per process while profile.json stays as it is: resolving a run, its search and each of its re-plans
+    (`runner.replan_interval`) ask for the same model."""
+    try:
+        stamp = (Path(profile_dir) / PROFILE_FILE).stat().st_mtime_ns
+    except OSError:
+        stamp = None  # `load_profile` names what is missing
+    return _load_model(str(profile_dir), env_id, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_model(profile_dir: str, env_id: str, stamp: int | None) -> StepModel:
     profile = load_profile(profile_dir, FAMILY, env_id)
     try:
         return StepModel(profile)
     except DAMAGED as err:
         raise ProfileError(
-            f"plan.profile = {str(profile_dir)!r}: the profile is incomplete ({describe(err)}){VALID}"
+            f"plan.profile = {profile_dir!r}: the profile is incomplete ({describe(err)}){VALID}"
         ) from err
 
 
