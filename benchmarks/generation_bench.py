@@ -20,7 +20,8 @@ import torch
 from results import write_section
 
 from rlplace.reasoning.generation.engine import make_engine
-from rlplace.reasoning.models.tiny_lm import build_tiny_lm, load_tokenizer
+from rlplace.reasoning.models.tiny_lm import build_tiny_lm
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 
 
 def prompts_for(tokenizer, batch: int) -> list[list[int]]:

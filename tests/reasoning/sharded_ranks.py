@@ -18,8 +18,9 @@ from rlplace.core.strategies.base import build_strategy
 from rlplace.core.strategies.training_state import load_training_state, save_training_state
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
-from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
+from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.reasoning.models.tiny_qwen2 import TinyQwen2Shape, build_tiny_qwen2
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.tasks.prompts import Problem
 from rlplace.reasoning.update import compute_advantages, llm_update

@@ -22,7 +22,8 @@ import torch
 from rlplace.core.errors import ConfigError
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine, sequence_seed
 from rlplace.reasoning.generation.hf import HFEngine
-from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
+from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 
 EOS = 2
 PAIRS = [(73, 44), (33, 12), (72, 35), (75, 71), (74, 47), (18, 46), (98, 76), (94, 5)]

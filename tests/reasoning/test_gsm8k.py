@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlplace.reasoning.models.tiny_lm import load_tokenizer
 from rlplace.reasoning.models.tiny_qwen2 import build_tiny_qwen2
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import reward_function
 from rlplace.reasoning.tasks import word_problems
 

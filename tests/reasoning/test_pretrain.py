@@ -23,7 +23,8 @@ from rlplace.reasoning.config import (
     ReasoningTaskConfig,
 )
 from rlplace.reasoning.models.hf_folder import check_model_folder
-from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
+from rlplace.reasoning.models.tiny_lm import load_causal_lm
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.pretrain import STATS_FILE, cache_key, greedy_accuracy, greedy_responses, pretrained_model_path
 from rlplace.reasoning.rewards import exact_match, reward_function
 from rlplace.reasoning.tasks import make_prompt_source

@@ -8,7 +8,8 @@ import torch
 from rlplace.core.errors import ConfigError
 from rlplace.reasoning.models.char_tokenizer import CHARACTERS
 from rlplace.reasoning.models.hf_folder import check_model_folder
-from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
+from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ from rlplace.core.strategies.replica import Replica
 from rlplace.reasoning.advantages import grpo_advantages, masked_mean, reinforce_pp_advantages
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
-from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm, load_tokenizer
+from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.tasks.prompts import Problem
 from rlplace.reasoning.update import compute_advantages, llm_update

@@ -7,7 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlplace.reasoning.batch import SequenceBatch
-from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_tokenizer
+from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.tasks.prompts import Problem
 

@@ -32,7 +32,8 @@ from rlplace.core.registry import load
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.hf_folder import check_model_folder
 from rlplace.reasoning.models.registry import MODELS
-from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
+from rlplace.reasoning.models.tiny_lm import load_causal_lm
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import SCORE, RewardFunction
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem, PromptSource, encode_prompts

@@ -15,11 +15,9 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoModelForCausalLM,
-    AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
-    PreTrainedTokenizerBase,
 )
 from transformers.utils import logging as transformers_logging
 
@@ -72,15 +70,6 @@ def build_tiny_lm(folder: str | Path, shape: TinyLMShape = TinyLMShape(), seed: 
 def build(folder: str | Path, source: object, seed: int) -> None:
     """The `tiny_lm` model kind's builder (`models.registry`): its character vocabulary needs no text to learn from."""
     build_tiny_lm(folder, TinyLMShape(), seed)
-
-
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The folder's tokenizer, padding on the left so that batched prompts end where generation starts."""
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def load_causal_lm(

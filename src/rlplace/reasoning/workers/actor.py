@@ -33,7 +33,8 @@ from rlplace.core.strategies.training_state import load_training_state, save_tra
 from rlplace.core.weights import broadcast_weights
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningConfig
-from rlplace.reasoning.models.tiny_lm import load_causal_lm, load_tokenizer
+from rlplace.reasoning.models.tiny_lm import load_causal_lm
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.rewards import METRIC_PREFIX
 from rlplace.reasoning.streams import micro_batches_of

@@ -9,16 +9,20 @@ The arithmetic verifier is cheap, and one CPU-side rank is plenty.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from rlplace.core.offload import HostCopies, move
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
-from rlplace.reasoning.models.reward_model import RewardModel
-from rlplace.reasoning.models.tiny_lm import load_tokenizer
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import METRIC_PREFIX, SCORE, Scores, with_model
 from rlplace.reasoning.streams import consumer_key, micro_batches_of
 from rlplace.scheduler import Channel, Worker, timer
+
+if TYPE_CHECKING:
+    from rlplace.reasoning.models.reward_model import RewardModel
 
 
 class RewardWorker(Worker):
@@ -27,9 +31,15 @@ class RewardWorker(Worker):
         self.inference_world_size = inference_world_size
         self.tokenizer = load_tokenizer(model_path)
         self.reward = cfg.reward_function()  # not the task's problems: the batch carries its own
-        path = cfg.reward.model_path
-        self.model = None if path is None else RewardModel(path, self.device)
+        self.model = None if cfg.reward.model_path is None else self.load_model(cfg.reward.model_path)
         self.host_copies = HostCopies()
+
+    def load_model(self, path: str) -> RewardModel:
+        # Imported here: a rule-only reward process must not import transformers' model classes (seconds of
+        # start-up in every reward process; see models/tokenizer.py).
+        from rlplace.reasoning.models.reward_model import RewardModel
+
+        return RewardModel(path, self.device)
 
     def compute_rewards(self, num_micro_batches: int, inbox: Channel, out: Channel) -> int:
         """Score this rank's micro-batches of the step as they arrive on `inbox` and pass them on through `out`;

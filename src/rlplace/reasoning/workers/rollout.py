@@ -17,7 +17,7 @@ from rlplace.core.weights import StaleWeightsError, receive_state
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
-from rlplace.reasoning.models.tiny_lm import load_tokenizer
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import SCORE
 from rlplace.reasoning.streams import FILTERED_GROUPS, GENERATION_ROUNDS, consumer_key, micro_batches_of
 from rlplace.reasoning.tasks import make_prompt_source
