@@ -242,7 +242,11 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
     "profile metrics without step": ("rlplace-plan", profile(metrics_jsonl='{"a": 1}\n'), "(no 'step')"),
     "profile timeline garbage": ("rlplace-plan", profile(timeline_json='{"traceEvents": 5}'), "timeline.json"),
     "profile missing": ("rlplace-plan", ["plan.profile=/nonexistent"], "no profile.json there"),
-    "profile of a reasoning run": ("rlplace-plan", [*REASONING, "plan.profile=/x"], "the planner models embodied"),
+    "profile of another family": (
+        "rlplace-plan",
+        lambda tmp: [*REASONING, *profile()(tmp)],
+        "it profiled a run of 'CartPole-v1' (embodied family), not this reasoning run of 'arithmetic'",
+    ),
     # Folders that are no sweep's.
     **{f"report {case}": ("rlplace-report", report(case), REPORT_NAMES[case]) for case in BROKEN_SWEEPS},
     "report no folder given": ("rlplace-report", [], "the following arguments are required: multirun_dir (usage:"),

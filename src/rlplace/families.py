@@ -28,6 +28,7 @@ from rlplace.planner import ProfileError
 from rlplace.reasoning import checks as reasoning_checks
 from rlplace.reasoning import config as reasoning_config
 from rlplace.reasoning import memory as reasoning_memory
+from rlplace.reasoning import planning as reasoning_planning
 from rlplace.reasoning.tasks import TASKS as REASONING_TASKS
 
 if TYPE_CHECKING:
@@ -49,15 +50,20 @@ class Family:
     launcher: Callable[[], Launcher]
     """Imports and returns the family's launcher (torch and the worker classes load then, not when configs are
     checked)."""
+    choose: Callable[[Any], tuple[Any, list[Any]]]
+    """`placement=auto`: the config placed as the planner's fastest candidate, and the ranking (objects with
+    `overrides` and `to_dict()`)."""
+    predict: Callable[[Any, ComponentPlacement], Any]
+    """With `plan.profile`: the prediction of the run as placed (an object with `step_s` and `to_dict()`), which
+    rlplace-plan prints and each step of the run is checked against."""
+    search: Callable[[Any], list[Any]]
+    """`plan.search` with `plan.profile`: every candidate of the run's cluster, fastest first (like `choose`'s)."""
+    profile_placement: Callable[[int], str]
+    """The placement preset a short profiling run takes on a cluster of that many devices (`placement=auto` without
+    `plan.profile`): the one whose profile predicts the others best."""
     own_sections: tuple[str, ...] = ()
     """Sections of this family alone whose config group's options start from `/schema/<section>/<family>` (the
     reasoning `reward`); other families' runs leave them unset."""
-    choose: Callable[[Any], tuple[Any, list[Any]]] | None = None
-    """`placement=auto`: the config placed as the planner's fastest candidate, and the ranking (objects with
-    `overrides` and `to_dict()`); None where the family's step time is not modelled yet."""
-    predict: Callable[[Any, ComponentPlacement], Any] | None = None
-    """With `plan.profile`: the prediction of the run as placed (an object with `step_s` and `to_dict()`), which
-    rlplace-plan prints and each step of the run is checked against."""
     memory: Callable[[Any, ComponentPlacement], Any] | None = None
     """The predicted device memory per device and phase (an object with `to_dict()`, or None when unknown), for
     `rlplace-plan`; None where the family has no memory model yet."""
@@ -108,12 +114,20 @@ FAMILIES = (
         _embodied_launcher,
         choose=embodied_planning.choose,
         predict=embodied_planning.predict_placed,
+        search=embodied_planning.ranked,
+        # Each component on devices of its own where there are enough: the least contended units.
+        profile_placement=lambda devices: "disaggregated" if devices >= 4 else "hybrid",
     ),
     Family(
         "reasoning",
         reasoning_config.ReasoningConfig,
         reasoning_checks.check_reasoning,
         _reasoning_launcher,
+        choose=reasoning_planning.choose,
+        predict=reasoning_planning.predict_placed,
+        search=reasoning_planning.ranked,
+        # Two ranks a component, offloading and training apart: between the others in everything the model scales.
+        profile_placement=lambda devices: "reasoning_hybrid" if devices >= 2 else "reasoning_collocated",
         own_sections=("reward", "actor"),
         memory=reasoning_memory.predict_memory,
         option_schemas={"task": REASONING_TASKS},
@@ -179,15 +193,9 @@ def family_of(cfg: DictConfig) -> Family:
 def resolve(cfg: DictConfig) -> Plan:
     """Turn a composed config into a checked plan; raises ConfigError or PlacementError naming key and value."""
     family = family_of(cfg)
-    if OmegaConf.select(cfg, "plan.auto") and family.choose is None:  # before its preset's sections are typed
-        raise ConfigError(
-            f"placement = 'auto' plans embodied runs only so far (the {family.name} family's step time is not "
-            "modelled yet; valid here: a placement preset)"
-        )
     typed = to_typed(cfg, family.schema, family.name)
     ranking = None
     if typed.plan.auto:
-        assert family.choose is not None
         typed, ranking = family.choose(typed)
     placement = HybridComponentPlacement(typed)
     family.check(typed, placement)
@@ -197,7 +205,7 @@ def resolve(cfg: DictConfig) -> Plan:
     prediction = None
     if ranking:  # the chosen candidate was predicted as the run is placed
         prediction = ranking[0].prediction
-    elif typed.plan.profile is not None and family.predict is not None:
+    elif typed.plan.profile is not None:
         try:
             prediction = family.predict(typed, placement)
         except ProfileError as err:

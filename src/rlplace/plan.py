@@ -6,8 +6,8 @@ no output folder and sets up no logging, and answers in well under a second of i
 
 With `plan.profile=<run folder>` (a run trained with `runner.profile=true`) it also predicts the composed run's step
 time, and with `plan.search=true` ranks every placement, stage count and staleness the cluster can run
-(`rlplace.embodied.planning`): arithmetic over the profile, no Ray, so a cluster larger than the profiling machine
-is planned as fast.
+(the family's step model: `rlplace.embodied.planning`, `rlplace.reasoning.planning`): arithmetic over the profile,
+no Ray, so a cluster larger than the profiling machine is planned as fast.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rlplace.cli import compose_run, fail, resolve_or_fail
+from rlplace.cli import compose_run, resolve_or_fail
 from rlplace.families import Plan
 
 
@@ -44,45 +44,39 @@ def render_table(plan: Plan, console: Console) -> None:
 
 
 def predictions(plan: Plan) -> dict[str, Any]:
-    """With `plan.profile`: the predicted step of this run, and with `plan.search` the ranked candidates. The
-    model is the embodied family's; a profile of another task, or a folder without one, exits 2 naming the key."""
+    """With `plan.profile`: the predicted step of this run, and with `plan.search` the ranked candidates (the run's
+    family's step model); a profile that cannot serve the run exits 2 naming the key (`resolve`)."""
     cfg = plan.cfg
     if cfg.plan.profile is None:
         return {}
-    if plan.prediction is None:
-        fail(f"plan.profile = {cfg.plan.profile!r}: the planner models embodied runs (valid: an embodied task)")
     found: dict[str, Any] = {"prediction": plan.prediction.to_dict()}
     if cfg.plan.search:
-        from rlplace.embodied import planning
-
-        model = planning.load_model(cfg.plan.profile, cfg.task.env_id)  # the one `resolve` read and checked
-        found["search"] = [r.to_dict() for r in planning.search(cfg, model)[: cfg.plan.top]]
+        found["search"] = [r.to_dict() for r in plan.family.search(cfg)[: cfg.plan.top]]
     return found
 
 
 def render_predictions(found: dict[str, Any], console: Console) -> None:
     prediction = found["prediction"]
     phases = ", ".join(f"{name} {seconds:.3f}" for name, seconds in prediction["phases"].items())
-    console.print(
-        f"predicted: {prediction['step_s']:.3f} s per step, "
-        f"{prediction['throughput']['env_steps_per_s']:,.0f} env steps/s ({phases})"
-    )
+    unit, rate = next(iter(prediction["throughput"].items()))
+    console.print(f"predicted: {prediction['step_s']:.3f} s per step, {rate:,.0f} {unit.replace('_', ' ')} ({phases})")
     if "search" in found:
         ranked = Table(title="fastest placements (predicted)")
-        for column in ("#", "mode", "env", "rollout", "actor", "stages", "staleness", "step s", "env steps/s"):
-            ranked.add_column(column)
+        components = list(found["search"][0]["component_placement"]) if found["search"] else []
+        staged = bool(found["search"]) and "stages" in found["search"][0]
+        columns = ["#", "mode", *components, *(["stages"] if staged else []), "staleness", "step s", unit]
+        for column in columns:
+            ranked.add_column(column.replace("_", " "))
         for i, r in enumerate(found["search"], 1):
-            where, p = r["component_placement"], r["prediction"]
+            p = r["prediction"]
             ranked.add_row(
                 str(i),
                 r["mode"],
-                where["env"],
-                where["rollout"],
-                where["actor"],
-                str(r["stages"]),
+                *(str(r["component_placement"][name]) for name in components),
+                *([str(r["stages"])] if staged else []),
                 str(r["max_staleness"]),
                 f"{p['step_s']:.3f}",
-                f"{p['throughput']['env_steps_per_s']:,.0f}",
+                f"{p['throughput'][unit]:,.0f}",
             )
         console.print(ranked)
         for i, r in enumerate(found["search"], 1):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rlplace.cli import compose_config
@@ -44,10 +44,10 @@ def switches(plan: Plan, overrides: list[str]) -> list[Switch]:
     `runner.replace_at` for one that cannot run (an unknown preset: with Hydra's list of the valid ones, presets of
     your own from `hydra.searchpath` included), or `runner.replan_interval` for a run the planner cannot plan."""
     runner = plan.cfg.runner
-    if runner.replan_interval is not None and (plan.cfg.plan.profile is None or plan.family.choose is None):
+    if runner.replan_interval is not None and plan.cfg.plan.profile is None:
         raise ConfigError(
             f"runner.replan_interval = {runner.replan_interval} is invalid here: the planner re-plans from a profile "
-            "(valid: with plan.profile=<a run trained with runner.profile=true>, or placement=auto; embodied runs)"
+            "(valid: with plan.profile=<a run trained with runner.profile=true>, or placement=auto)"
         )
     found = []
     kept = [arg for arg in overrides if not arg.lstrip("+~").startswith(PLACEMENT_KEYS)]
@@ -103,8 +103,9 @@ class Schedule:
         remaining = cfg.runner.max_steps - steps
         gain = (measured - best.prediction.step_s * scale) * remaining
         placement = HybridComponentPlacement(chosen)
+        # The placement, or what else the candidate sets (stages, offloading), is not the run's.
         moved = placement.to_dict()["components"] != self.current.placement.to_dict()["components"] or (
-            chosen.rollout.pipeline_stage_num != cfg.rollout.pipeline_stage_num
+            replace(chosen, cluster=cfg.cluster) != cfg
         )
         worth = moved and gain > cfg.runner.replan_margin * self.cost_s
         self.decisions.append(

@@ -329,19 +329,17 @@ enough measured ones for the run's own times, then each component's unit of work
 
 
 def profile_first(composed: DictConfig, argv: list[str]) -> list[str]:
-    """`placement=auto` without `plan.profile`: profile a short run of the same task first (disaggregated where the
-    cluster has the 4 devices for it, the least contended placement, else hybrid) into `<run folder>-profile`, and
-    return the arguments with that profile added. Its failure exits as the run would."""
+    """`placement=auto` without `plan.profile`: profile a short run of the same task first (in the family's
+    `profile_placement` for the cluster) into `<run folder>-profile`, and return the arguments with that profile
+    added. Its failure exits as the run would."""
     try:
         family = family_of(OmegaConf.masked_copy(composed, [key for key in composed if key != "hydra"]))
     except ConfigError as err:
         fail(str(err))
-    if family.choose is None:
-        return argv  # refused by `resolve`, naming what is valid
     folder = Path(composed.hydra.run.dir).absolute()
     folder = folder.with_name(folder.name + "-profile")
     devices = composed.cluster.num_nodes * composed.cluster.num_devices_per_node
-    placement = "disaggregated" if devices >= 4 else "hybrid"
+    placement = family.profile_placement(devices)
     dropped = (
         "placement=",
         "runner.max_steps=",

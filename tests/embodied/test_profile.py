@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from rlplace.cli import compose_run
+from rlplace.core import timing
 from rlplace.embodied import profile
 from rlplace.families import resolve
 
@@ -24,36 +25,36 @@ from rlplace.families import resolve
     ],
 )
 def test_sizes_double_up_to_the_run_s_own(last: int, first: int, sizes: list[int]) -> None:
-    assert profile.sizes_up_to(last, first) == sizes
+    assert timing.sizes_up_to(last, first) == sizes
 
 
 @pytest.mark.parametrize(("last", "first"), [(0, 1), (8, 3), (8, 0)])
 def test_sizes_refuse_what_has_no_doubling(last: int, first: int) -> None:
     with pytest.raises(ValueError, match="is not"):
-        profile.sizes_up_to(last, first)
+        timing.sizes_up_to(last, first)
 
 
 def test_the_actor_is_profiled_up_to_the_minibatch_of_the_default_run() -> None:
     cfg = resolve(compose_run([])).cfg  # CartPole: 32 envs x 32 steps over 4 minibatches
     assert profile.minibatch_size(cfg) == 256
-    assert profile.sizes_up_to(profile.minibatch_size(cfg), profile.FIRST_ACTOR_SIZE) == [8, 16, 32, 64, 128, 256]
+    assert timing.sizes_up_to(profile.minibatch_size(cfg), profile.FIRST_ACTOR_SIZE) == [8, 16, 32, 64, 128, 256]
 
 
 @pytest.mark.parametrize(
     ("seconds", "repeats"),
-    [(1e-7, profile.MAX_REPEATS), (0.004, 50), (0.05, 4), (2.0, profile.MIN_REPEATS)],
+    [(1e-7, timing.MAX_REPEATS), (0.004, 50), (0.05, 4), (2.0, timing.MIN_REPEATS)],
 )
 def test_repeats_fill_about_the_target_time(seconds: float, repeats: int) -> None:
-    assert profile.repeats_for(seconds) == repeats
+    assert timing.repeats_for(seconds) == repeats
 
 
 def test_median_seconds_warms_up_then_times_the_chosen_number_of_calls() -> None:
     calls = []
-    assert profile.median_seconds(lambda: calls.append(1), repeats=5) > 0
-    assert len(calls) == profile.WARMUP + 5
+    assert timing.median_seconds(lambda: calls.append(1), repeats=5) > 0
+    assert len(calls) == timing.WARMUP + 5
     calls.clear()
-    profile.median_seconds(lambda: calls.append(1))  # a probe, then as many as fill TARGET_S (a fast call: all)
-    assert len(calls) == profile.WARMUP + 1 + profile.MAX_REPEATS
+    timing.median_seconds(lambda: calls.append(1))  # a probe, then as many as fill TARGET_S (a fast call: all)
+    assert len(calls) == timing.WARMUP + 1 + timing.MAX_REPEATS
 
 
 class Done:

@@ -151,11 +151,11 @@ def test_placement_auto_runs_the_fastest_candidate_at_the_runs_own_staleness(pro
     "overrides, named",
     [
         (["placement=auto"], "placement = 'auto' is invalid: placement=auto with plan.profile="),  # rlplace-plan
-        (["experiment=arithmetic_grpo", "placement=auto", "plan.profile=x"], "plans embodied runs only so far"),
+        (["experiment=arithmetic_grpo", "placement=auto", "plan.profile=/x"], "plan.profile = '/x': no profile.json"),
     ],
-    ids=["no profile", "reasoning"],
+    ids=["no profile", "no profile there"],
 )
-def test_placement_auto_without_a_profile_or_for_a_reasoning_run_is_refused(overrides, named, capsys) -> None:
+def test_placement_auto_without_a_usable_profile_is_refused(overrides, named, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         plan_main(overrides)
     assert exited.value.code == 2 and named in capsys.readouterr().err

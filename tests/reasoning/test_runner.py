@@ -304,7 +304,6 @@ ARITHMETIC_GROUPS = ["task=arithmetic", "model=tiny_lm", "placement=reasoning_co
             r"cluster.component_placement.rollout: this placement preset asks for devices \[0, 1/4\)",
         ),
         (["runner.max_staleness=-1"], ConfigError, r"runner.max_staleness = -1 is invalid"),
-        (["runner.profile=true"], ConfigError, r"runner.profile = true is not available for reasoning tasks"),
     ],
 )
 def test_bad_input_is_refused_before_workers_start(

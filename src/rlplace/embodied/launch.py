@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 
 from rlplace.core import checkpoint
 from rlplace.core.launcher import RunContext
-from rlplace.embodied import profile
 from rlplace.embodied.config import FAMILY, EmbodiedConfig
 from rlplace.embodied.runner import EmbodiedRunner
 from rlplace.embodied.workers import ActorWorker, EnvWorker, RolloutWorker
@@ -29,9 +28,9 @@ class StartingRun(NamedTuple):
     rollout: StartingGroup
     actor: StartingGroup
     device_cores: dict[int, list[int]]
-    """Each device's CPU cores (`profile.cores_by_device`), for profile.json."""
+    """Each device's CPU cores (`Cluster.cores_by_device`), for profile.json."""
     node_cores: dict[int, list[int]]
-    """Each node's CPU cores (`profile.cores_by_node`), for profile.json."""
+    """Each node's CPU cores (`Cluster.cores_by_node`), for profile.json."""
 
 
 def start(cfg: EmbodiedConfig, cluster: Cluster) -> StartingRun:
@@ -50,8 +49,8 @@ def start(cfg: EmbodiedConfig, cluster: Cluster) -> StartingRun:
             RolloutWorker.create_group(cfg, env_world_size, placement.get_world_size("actor")), "rollout"
         ),
         actor=start_group(ActorWorker.create_group(cfg, env_world_size), "actor"),
-        device_cores=profile.cores_by_device(cluster),
-        node_cores=profile.cores_by_node(cluster),
+        device_cores=cluster.cores_by_device(),
+        node_cores=cluster.cores_by_node(),
     )
 
 

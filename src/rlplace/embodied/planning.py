@@ -43,6 +43,7 @@ from rlplace.embodied.phases import PHASES
 from rlplace.placement import ComponentPlacement, PlacementError
 from rlplace.placement.cores import device_cores
 from rlplace.planner import PROFILE_FILE, Profile, ProfileError, Resources, Work, busiest, load_profile
+from rlplace.planner.layout import component_devices, process_resources
 from rlplace.planner.profile import DAMAGED, VALID, describe
 from rlplace.scheduler.limits import SMALL_BYTES
 
@@ -105,34 +106,9 @@ class Layout:
         cores: Mapping[int, Sequence[int]],
         node_cores: Mapping[int, Sequence[int]] | None = None,
     ) -> Layout:
-        """From a placement (or its `to_dict()`), the cores of each device of a cpu cluster, and each node's cores.
-
-        A process on cpu devices runs on their cores. A process that is not pinned (on a GPU, whose units are the
-        CPU work of launching its kernels, or in a node group) runs on a core of its node: the node's cores are
-        dealt out to such processes in turn, shared only when there are more processes than cores; with the node's
-        cores unknown, each process is assumed to find one of its own."""
-        ranks = (
-            placement["components"]
-            if isinstance(placement, Mapping)
-            else {
-                name: [{"node": p.node_rank, "devices": p.devices} for p in placement.get_placements(name)]
-                for name in placement.components
-            }
-        )
-        node_cores = node_cores or {}
-        dealt: dict[int, int] = {}
-        processes: dict[str, list[Resources]] = {}
-        for name, procs in ranks.items():
-            processes[name] = []
-            for i, proc in enumerate(procs):
-                pinned = frozenset(("core", proc["node"], c) for d in proc["devices"] for c in cores.get(d, ()))
-                if not pinned:
-                    free = node_cores.get(proc["node"])
-                    turn = dealt[proc["node"]] = dealt.get(proc["node"], -1) + 1
-                    pinned = frozenset({("core", proc["node"], free[turn % len(free)]) if free else (name, i)})
-                processes[name].append(pinned)
-        devices = {name: frozenset(d for proc in procs for d in proc["devices"]) for name, procs in ranks.items()}
-        return cls(processes, devices)
+        """From a placement (or its `to_dict()`), the cores of each device of a cpu cluster, and each node's cores
+        (`planner.layout.process_resources` says where each process runs)."""
+        return cls(process_resources(placement, cores, node_cores), component_devices(placement))
 
     @property
     def overlap(self) -> bool:
@@ -442,9 +418,16 @@ def choose(cfg: EmbodiedConfig) -> tuple[EmbodiedConfig, list[Ranked]]:
     chosen = replace(
         cfg,
         cluster=replace(cfg.cluster, component_placement=dict(best.component_placement)),
-        rollout=replace(cfg.rollout, pipeline_stage_num=best.stages),
+        rollout=replace(cfg.rollout, pipeline_stage_num=best.stages, enable_offload=True),
+        env=replace(cfg.env, enable_offload=True),  # the offload switches of the hybrid preset its override line names
+        actor=replace(cfg.actor, enable_offload=True),
     )
     return chosen, ranked
+
+
+def ranked(cfg: EmbodiedConfig) -> list[Ranked]:
+    """`plan.search`: the candidates of the run's cluster from `plan.profile`, fastest first."""
+    return search(cfg, load_model(cfg.plan.profile, cfg.task.env_id))
 
 
 def predict_placed(cfg: EmbodiedConfig, placement: ComponentPlacement) -> Prediction:

@@ -85,8 +85,8 @@ class EmbodiedRunner(Runner[Channels, Generated, None, dict[str, float]]):
         device_cores: dict[int, list[int]] | None = None,
         node_cores: dict[int, list[int]] | None = None,
     ) -> None:
-        """`device_cores` (device -> its CPU cores, `profile.cores_by_device`) and `node_cores` (node -> its cores,
-        `profile.cores_by_node`) go into profile.json with runner.profile=true."""
+        """`device_cores` (device -> its CPU cores, `Cluster.cores_by_device`) and `node_cores` (node -> its cores,
+        `Cluster.cores_by_node`) go into profile.json with runner.profile=true."""
         offloadable = {name: getattr(cfg, name).enable_offload for name in COMPONENTS}
         groups = {"actor": actor, "rollout": rollout, "env": env}
         super().__init__(cfg, groups, PHASES, offloadable, placement, identity, context)

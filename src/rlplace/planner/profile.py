@@ -34,6 +34,8 @@ class Profile:
     """profile.json as the run wrote it: family, task, devices and their cores, config, unit-cost curves."""
     phases: dict[str, float]
     """Median seconds per step of each `time/*` metric, over the steps after the warm-up."""
+    metrics: dict[str, float]
+    """Median of every numeric metric, over the same steps."""
     generation_overhead_s: float
     """Per step, the part of generation no worker span covers: starting and collecting the worker methods."""
     loop_s: dict[str, float]
@@ -62,18 +64,19 @@ def load_profile(folder: str | Path, family: str, task: str) -> Profile:
         raise ProfileError(
             f"plan.profile = {str(folder)!r}: {PROFILE_FILE} holds {type(data).__name__}, not a profile{VALID}"
         )
-    found = (data.get("family"), data.get("env_id"))
+    found = (data.get("family"), data.get("task", data.get("env_id")))  # an embodied profile names its env_id
     if found != (family, task):
         raise ProfileError(
-            f"plan.profile = {str(folder)!r}: it profiled a {found[0]} run of {found[1]!r}, not this "
+            f"plan.profile = {str(folder)!r}: it profiled a run of {found[1]!r} ({found[0]} family), not this "
             f"{family} run of {task!r} (valid: a profile of the same task)"
         )
     for name in (METRICS_FILE, TIMELINE_FILE):
         if not (folder / name).is_file():
             raise ProfileError(f"plan.profile = {str(folder)!r}: {name} is missing (valid: a whole run folder)")
-    phases = _read(folder, METRICS_FILE, _phase_medians)
+    metrics = _read(folder, METRICS_FILE, _medians)
+    phases = {key.removeprefix("time/"): value for key, value in metrics.items() if key.startswith("time/")}
     overhead, loop = _read(folder, TIMELINE_FILE, _generation_timing)
-    return Profile(folder, data, phases, overhead, loop)
+    return Profile(folder, data, phases, metrics, overhead, loop)
 
 
 VALID = " (valid: the folder of a run trained with runner.profile=true, as it wrote it)"
@@ -96,7 +99,7 @@ def _read(folder: Path, name: str, parse: Callable[[str], T]) -> T:
         raise ProfileError(f"plan.profile = {str(folder)!r}: {name} cannot be used ({describe(err)}){VALID}") from err
 
 
-def _phase_medians(text: str) -> dict[str, float]:
+def _medians(text: str) -> dict[str, float]:
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     if not rows:
         raise ValueError("the run logged no step")
@@ -104,8 +107,8 @@ def _phase_medians(text: str) -> dict[str, float]:
     values: dict[str, list[float]] = defaultdict(list)
     for row in measured:
         for key, value in row.items():
-            if key.startswith("time/") and isinstance(value, int | float):
-                values[key.removeprefix("time/")].append(float(value))
+            if key != "step" and isinstance(value, int | float):
+                values[key].append(float(value))
     return {key: statistics.median(found) for key, found in values.items()}
 
 

@@ -17,16 +17,11 @@ from rlplace.reasoning.tasks import make_prompt_source
 
 
 def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None:
-    """No runner option built for embodied tasks only (profile); micro-batches divide the prompts and the actor
+    """Micro-batches divide the prompts and the actor
     ranks; each rank has enough responses for its minibatches; the task's problems can be made (its data files
     read and checked); the model folder, the reward model's (a classifier with one output) and what the backend
     requires exist when asked for; the predicted device memory fits cluster.device_memory_gb."""
     task, rollout = cfg.task, cfg.rollout
-    if cfg.runner.profile:
-        raise ConfigError(
-            "runner.profile = true is not available for reasoning tasks yet (profiles are measured for embodied "
-            "tasks; valid here: false)"
-        )
     if task.prompts_per_step % rollout.micro_batch_prompts:
         raise ConfigError(
             f"rollout.micro_batch_prompts = {rollout.micro_batch_prompts} must divide task.prompts_per_step = "

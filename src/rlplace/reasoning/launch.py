@@ -41,6 +41,10 @@ class StartingRun(NamedTuple):
     inference: StartingGroup
     reward: StartingGroup
     rollout: StartingGroup
+    device_cores: dict[int, list[int]]
+    """Each device's CPU cores (`Cluster.cores_by_device`), for profile.json."""
+    node_cores: dict[int, list[int]]
+    """Each node's CPU cores (`Cluster.cores_by_node`), for profile.json."""
 
 
 def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
@@ -64,7 +68,9 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
     if BACKENDS[cfg.rollout.backend].starts_last_on_gpu and cluster.device_type == "gpu":
         wait_started(actor, inference, reward)
     rollout = start_group(LLMRolloutWorker, "rollout", placement.get_world_size("reward"))
-    return StartingRun(model_path, placement, actor, inference, reward, rollout)
+    return StartingRun(
+        model_path, placement, actor, inference, reward, rollout, cluster.cores_by_device(), cluster.cores_by_node()
+    )
 
 
 def runner(cfg: ReasoningConfig, starting: StartingRun, context: RunContext) -> ReasoningRunner:
@@ -81,6 +87,8 @@ def runner(cfg: ReasoningConfig, starting: StartingRun, context: RunContext) -> 
         placement=starting.placement,
         identity=checkpoint_identity(cfg, starting.model_path),
         context=context,
+        device_cores=starting.device_cores,
+        node_cores=starting.node_cores,
     )
 
 

@@ -12,7 +12,8 @@ Each step:
 With runner.max_staleness = K > 0, rollout/* and reward/* describe the batch trained on (generated K steps earlier) and
 throughput/* the tokens generated during the step. Greedy accuracy on the held-out split is measured before the
 first step, every `runner.eval_interval` steps and after the last; the trained policy is written as a Hugging Face
-folder at the end.
+folder at the end. With runner.profile=true, profile.json records what the planner needs beside the timeline
+(`reasoning.profile`).
 
 Checkpoints (every `runner.save_interval` steps and after the last) hold the actor's state, the micro-batches it has
 not trained on yet (K > 0) and the loop's counters, and nothing of the other groups: their weights are the actor's,
@@ -23,22 +24,29 @@ one did from step k.
 
 from __future__ import annotations
 
+import json
+import logging
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, NamedTuple
 
+from rlplace.core import preemption
 from rlplace.core.launcher import RunContext
 from rlplace.core.runner import Runner, open_channels
 from rlplace.metrics import TrainingProgress, throughput_metrics
 from rlplace.placement import ComponentPlacement
+from rlplace.planner import PROFILE_FILE
+from rlplace.reasoning import profile
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.rewards import METRIC_PREFIX
 from rlplace.reasoning.streams import FILTERED_GROUPS, GENERATION_ROUNDS
 from rlplace.scheduler import Channel, GroupFuture, WorkerGroup, wait_all
 
+log = logging.getLogger(__name__)
 PROGRESS_FIELDS = {"eval/accuracy": "accuracy", "rollout/reward": "reward", "throughput/tokens_per_s": "tokens/s"}
 
 Stats = dict[str, float]
@@ -72,7 +80,11 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         placement: ComponentPlacement,
         identity: dict[str, Any],
         context: RunContext,
+        device_cores: dict[int, list[int]],
+        node_cores: dict[int, list[int]],
     ) -> None:
+        """`device_cores` (device -> its CPU cores) and `node_cores` (node -> its cores) go into profile.json with
+        runner.profile=true (`reasoning.profile`)."""
         groups = {"actor": actor, "rollout": rollout, "reward": reward, "inference": inference}
         super().__init__(cfg, groups, PHASES, cfg.offloadable, placement, identity, context)
         self.cfg: ReasoningConfig = cfg
@@ -88,6 +100,7 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         """Response tokens trained on by this process's loop."""
         self.version = 0
         """The actor's weight version (its updates so far); the rollout and inference groups hold it after a sync."""
+        self.device_cores, self.node_cores = device_cores, node_cores
 
     # --- the phases ---------------------------------------------------------------------------------------------
 
@@ -204,7 +217,21 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         final["run/steps"] = self.version  # one update per step: fewer than max_steps when preempted
         final["eval/accuracy_before"] = self.accuracy[0][1]
         final["eval/accuracy_after"] = self.accuracy[-1][1]
+        if self.cfg.runner.profile and not preemption.requested():  # a preempted run must stop soon
+            self.write_profile()
         return final
+
+    def write_profile(self) -> Path:
+        """profile.json: what the timeline's spans ran on, the run's sizes, and the actor's passes timed at the
+        sizes other placements would give a rank (`reasoning.profile`)."""
+        start = time.perf_counter()
+        sizes = profile.pass_sizes(self.cfg)
+        timed = self.actor.profile_passes(sizes).wait()
+        described = profile.describe(self.cfg, self.placement, self.device_cores, self.node_cores, timed)
+        path = self.run_dir / PROFILE_FILE
+        path.write_text(json.dumps(described, indent=2) + "\n")
+        log.info(f"rlplace: profiled the actor's passes in {time.perf_counter() - start:.1f} s: {path}")
+        return path
 
     # --- checkpoints --------------------------------------------------------------------------------------------
 

@@ -128,7 +128,7 @@ def compute_advantages(
     return ALGORITHMS[alg.name].advantage_estimator()(batch, alg, values, sum_over_ranks)
 
 
-def _optimizer_step(
+def optimizer_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float, strategy: Strategy | None
 ) -> Tensor:
     """Average grads across ranks, clip, step; returns the total grad norm before clipping."""
@@ -226,12 +226,12 @@ def llm_update(
     for (_, counts), plan in zip(steps, plans, strict=True):  # update_epochs x num_minibatches steps on every rank
         terms = functools.partial(_policy_pass, policy, batch, advantages, weights, alg, counts=counts)
         step_stats = _accumulate(policy, optimizer, plan, terms, scale, strategy)
-        step_stats["grad_norm"] = _optimizer_step(policy, optimizer, alg.max_grad_norm, strategy)
+        step_stats["grad_norm"] = optimizer_step(policy, optimizer, alg.max_grad_norm, strategy)
         if critic is not None:
             assert critic_optimizer is not None and returns is not None and old_values is not None
             terms = functools.partial(_value_pass, critic, batch, old_values, returns, alg, counts=counts)
             step_stats["value_loss"] = _accumulate(critic, critic_optimizer, plan, terms, scale, strategy)["value_loss"]
-            _optimizer_step(critic, critic_optimizer, alg.max_grad_norm, strategy)
+            optimizer_step(critic, critic_optimizer, alg.max_grad_norm, strategy)
         for key in keys:  # detached; read once at the end (no device syncs per step)
             stats[key].append(step_stats[key].float())
 

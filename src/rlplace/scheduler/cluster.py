@@ -127,6 +127,19 @@ class Cluster:
             raise ClusterError("cores_of is defined for device_type='cpu' clusters, whose devices are CPU cores")
         return self._device_cores[node_rank][local_device]
 
+    def cores_by_device(self) -> dict[int, list[int]]:
+        """Every device (global rank) -> the CPU cores it owns: what a cost measured on it ran on (a run's profile).
+        Empty lists on a gpu cluster, whose workers are not pinned to cores."""
+        if self.device_type != "cpu":
+            return {device: [] for device in range(self.num_devices)}
+        per_node = self.num_devices_per_node
+        return {device: list(self.cores_of(*divmod(device, per_node))) for device in range(self.num_devices)}
+
+    def cores_by_node(self) -> dict[int, list[int]]:
+        """Every node (rank) -> the CPU cores its workers may use: on a gpu node, the cores its processes' CPU work
+        (a simulator, the Python around the kernels) shares."""
+        return {node: list(self.node_cores(node)) for node in range(self.num_nodes)}
+
     def _check_load(self, device_cores: list[list[tuple[int, ...]]], load: Counter[int]) -> None:
         _check_load(device_cores, load, self._max_oversubscription)
 

@@ -19,6 +19,7 @@ from rlplace.core.gradients import average_grads
 from rlplace.core.offload import HostCopies, move
 from rlplace.core.pending import load_pending, save_pending
 from rlplace.core.rng import rng_states, set_rng_states
+from rlplace.core.timing import WARMUP, median_seconds, repeats_for, seconds_of
 from rlplace.core.weights import broadcast_weights
 from rlplace.embodied.advantages import compute_advantages
 from rlplace.embodied.algorithms import ALGORITHMS
@@ -26,7 +27,6 @@ from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
 from rlplace.embodied.ppo import make_optimizer, minibatch_step, proximal_logprobs
-from rlplace.embodied.profile import WARMUP, median_seconds, repeats_for, seconds_of
 from rlplace.embodied.streams import actor_pieces, actor_shard, all_streams
 from rlplace.embodied.trajectory import Trajectory
 from rlplace.scheduler import Channel, Worker, timer

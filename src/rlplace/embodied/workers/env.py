@@ -17,9 +17,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from rlplace.core.timing import median_seconds
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import ActionSpec, EnvSlice, EpisodeStats, SubEnvState, env_spec, merge_episode_stats
-from rlplace.embodied.profile import median_seconds
 from rlplace.embodied.streams import all_streams
 from rlplace.scheduler import Channel, Worker, timer
 

@@ -14,11 +14,11 @@ from torch import Tensor
 
 from rlplace.core.offload import HostCopies, move
 from rlplace.core.rng import uniform_noise
+from rlplace.core.timing import median_seconds
 from rlplace.core.weights import StaleWeightsError, receive_weights
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import env_spec
 from rlplace.embodied.policy import MLPActorCritic
-from rlplace.embodied.profile import median_seconds
 from rlplace.embodied.streams import Stream, actor_pieces, all_streams, streams_of_rollout
 from rlplace.embodied.trajectory import Trajectory
 from rlplace.scheduler import Channel, Worker, timer

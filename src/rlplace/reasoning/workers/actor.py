@@ -30,19 +30,22 @@ from rlplace.core.pending import load_pending, save_pending
 from rlplace.core.rng import rng_states, set_rng_states
 from rlplace.core.strategies.base import build_strategy
 from rlplace.core.strategies.training_state import load_training_state, save_training_state
+from rlplace.core.timing import median_seconds
 from rlplace.core.weights import broadcast_weights
-from rlplace.reasoning.batch import SequenceBatch, response_logprobs
+from rlplace.reasoning.batch import SequenceBatch, response_logits, response_logprobs
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.rewards import METRIC_PREFIX
 from rlplace.reasoning.streams import micro_batches_of
-from rlplace.reasoning.update import compute_advantages, llm_update
+from rlplace.reasoning.update import compute_advantages, llm_update, optimizer_step
 from rlplace.scheduler import Channel, Worker, timer
 
 STATE_FILE = "actor.pt"
 """The actor's counters in a checkpoint folder: the minibatch generator, the RNG states and the weight version."""
+PROFILE_REPEATS = 5
+"""Timed calls per size of `profile_passes`: the same on every rank (they are collective), a median of five."""
 MODELS_DIR = "actor"
 """The actor's models and optimizers in a checkpoint folder, every rank's part (`training_state`)."""
 
@@ -168,6 +171,28 @@ class LLMActorWorker(Worker):
         self.version += 1
         stats["async/staleness"] = float(step - self.batch.version)
         return stats
+
+    def profile_passes(self, sizes: list[int], repeats: int = PROFILE_REPEATS) -> dict[str, list[float]]:
+        """After the run (`runner.profile`): median seconds of one training pass of the policy (forward and backward,
+        with the gradient reduction a minibatch's last pass makes) over n rows of this rank's last batch, for each n
+        in `sizes` (its rows repeated where n is more), and of one optimizer step; and its rows' mean tokens. Every
+        rank calls it at once, with the same sizes and repeats: the passes and steps of several ranks are
+        collective. It changes the weights; the final model and the checkpoints are written before."""
+        assert self.batch is not None, "the run must have trained"
+        batch = self.batch
+        width = batch.prompts.shape[1]
+        self.policy.train()
+
+        def one_pass(rows: torch.Tensor) -> None:
+            self.optimizer.zero_grad()
+            self.strategy.sync_grads(self.policy, True)
+            logits = response_logits(self.policy, batch.input_ids[rows], batch.attention_mask[rows], width)
+            logits.float().mean().backward()
+
+        passes = [median_seconds(lambda n=n: one_pass(torch.arange(n) % batch.num_rows), repeats) for n in sizes]
+        step = median_seconds(lambda: optimizer_step(self.policy, self.optimizer, 1.0, self.strategy), repeats)
+        row_tokens = float(batch.attention_mask.sum()) / batch.num_rows
+        return {"sizes": list(sizes), "seconds": passes, "optimizer_step": step, "row_tokens": row_tokens}
 
     def _shard(self, parts: list[SequenceBatch]) -> Shard:
         """Where this rank's rows (its micro-batches, concatenated in index order as `SequenceBatch.concat` does) lie

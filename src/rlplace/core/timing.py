@@ -1,0 +1,60 @@
+"""Timing a unit of work alone, for a run's profile: the median of several calls after warm-up ones.
+
+Medians, because a stray preemption of one call must not move the cost. A worker times its unit with
+`median_seconds` while every other process of the run idles (or, for collective units, while its peers run the
+same calls).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+TARGET_S = 0.2
+"""Roughly how long the timed calls of one size take together: long enough for a steady median, short enough that
+the default CartPole run profiles in a few seconds."""
+MIN_REPEATS = 3
+"""Fewest timed calls per size, however slow one is: a median of at least three."""
+MAX_REPEATS = 200
+"""Most timed calls per size, however fast one is."""
+WARMUP = 2
+"""Untimed calls before timing: first calls pay for allocations, caches and lazy initialisation."""
+
+
+def seconds_of(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def repeats_for(seconds: float) -> int:
+    """Timed calls for a unit that took `seconds` once: about TARGET_S worth, within [MIN_REPEATS, MAX_REPEATS]."""
+    return max(MIN_REPEATS, min(MAX_REPEATS, round(TARGET_S / max(seconds, 1e-9))))
+
+
+def median_seconds(call: Callable[[], object], repeats: int | None = None, warmup: int = WARMUP) -> float:
+    """Median seconds of `call` over `repeats` timed calls after `warmup` untimed ones; `repeats` None: one more
+    timed call decides (`repeats_for`). `call` must finish its work before it returns (synchronise a GPU)."""
+    for _ in range(warmup):
+        call()
+    if repeats is None:
+        repeats = repeats_for(seconds_of(call))
+    return statistics.median(seconds_of(call) for _ in range(repeats))
+
+
+def sizes_up_to(last: int, first: int = 1) -> list[int]:
+    """The powers of two from `first` (a power of two) to `last`, and `last` itself: [1, 2, 4, 8, 12] for 12.
+
+    Doubling sizes cover a range with few points, which the planner interpolates between; `last` is the size this
+    run used. Just [last] when it is below `first`."""
+    if first < 1 or first & (first - 1):
+        raise ValueError(f"first size {first} is not a power of two")
+    if last < 1:
+        raise ValueError(f"last size {last} is not positive")
+    sizes = []
+    size = first
+    while size <= last:
+        sizes.append(size)
+        size *= 2
+    return sizes if sizes and sizes[-1] == last else [*sizes, last]

@@ -1,0 +1,108 @@
+"""What the workers of a profiled run would have needed alone, read from its timeline.
+
+A span times one piece of a worker's work inside the run's loop, where the processes sharing its cores were busy
+too part of the time. Cores are shared in turn (processor sharing): while n processes pinned to a core are busy, each
+advances at 1/n of it. So a span's work alone is the integral of 1/n over its length, n counted from every worker's
+busy spans on the span's cores. Processes not pinned to cores (a GPU's, a node group's) are taken as having their
+resources to themselves: their spans count as they are.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rlplace.metrics.logger import WARMUP_STEPS
+
+Process = tuple[str, int]
+"""A worker process: (group, rank)."""
+DRIVER = "driver"
+
+
+def alone_work(
+    timeline_text: str, cores: Mapping[int, Sequence[int]], names: Iterable[str]
+) -> dict[tuple[str, str], float]:
+    """(group, span name) -> seconds of that work per step, summed over the group's ranks, as the ranks would have
+    needed it alone: the median over the measured steps (those after the warm-up, or all when the run was shorter).
+    Only spans named in `names` are counted; every worker span counts toward how busy a core was."""
+    names = set(names)
+    events = json.loads(timeline_text)["traceEvents"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e["name"] == "step")
+    spans: dict[tuple[float, float, str, int, str], tuple[int, ...]] = {}
+    for e in events:
+        args = e.get("args", {})
+        if e.get("ph") != "X" or args.get("group", DRIVER) == DRIVER or "rank" not in args:
+            continue
+        key = (e["ts"], e["ts"] + e["dur"], args["group"], args["rank"], e["name"])
+        # A process on several devices has its span on each device's row: once each here, on all their cores.
+        spans[key] = tuple(sorted({*spans.get(key, ()), *(c for d in args.get("devices", ()) for c in cores[d])}))
+    slowdown = _sharing(spans)
+    per_step: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for start, end in steps[WARMUP_STEPS:] or steps:
+        found: dict[tuple[str, str], float] = defaultdict(float)
+        for (s, e, group, rank, name), on in spans.items():
+            if name in names and start <= s and e <= end:
+                found[group, name] += slowdown(s, e, on, (group, rank))
+        for key, seconds in found.items():
+            per_step[key].append(seconds)
+    return {key: statistics.median(values) for key, values in per_step.items()}
+
+
+def _sharing(spans: Mapping[tuple[float, float, str, int, str], tuple[int, ...]]) -> Any:
+    """A function (start, end, cores, process) -> seconds of that interval as the process would have needed them
+    alone, given every process's busy intervals on those cores (timeline microseconds in, seconds out)."""
+    busy: dict[Process, list[tuple[float, float]]] = defaultdict(list)
+    on_core: dict[int, set[Process]] = defaultdict(set)
+    for (s, e, group, rank, _), on in spans.items():
+        busy[group, rank].append((s, e))
+        for core in on:
+            on_core[core].add((group, rank))
+    merged = {process: _merge(intervals) for process, intervals in busy.items()}
+    # Per core: the times at which its count of busy processes changes, and the count after each.
+    counts: dict[int, tuple[list[float], list[int]]] = {}
+    for core, processes in on_core.items():
+        changes: dict[float, int] = defaultdict(int)
+        for process in processes:
+            for s, e in merged[process]:
+                changes[s] += 1
+                changes[e] -= 1
+        times, levels, level = [], [], 0
+        for t in sorted(changes):
+            level += changes[t]
+            times.append(t)
+            levels.append(level)
+        counts[core] = (times, levels)
+
+    def alone(start: float, end: float, on: tuple[int, ...], process: Process) -> float:
+        if not on:
+            return (end - start) / 1e6
+        cuts = sorted({start, end, *(t for c in on for t in counts[c][0] if start < t < end)})
+        total = 0.0
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            sharers = statistics.fmean(max(1, _level(counts[c], a)) for c in on)
+            total += (b - a) / sharers
+        return total / 1e6
+
+    return alone
+
+
+def _level(count: tuple[list[float], list[int]], t: float) -> int:
+    """How many processes were busy on a core just after time `t`."""
+    times, levels = count
+    i = bisect.bisect_right(times, t) - 1
+    return levels[i] if i >= 0 else 0
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of intervals, as disjoint sorted intervals (a process's nested spans are one busy stretch)."""
+    merged: list[tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+        else:
+            merged.append((s, e))
+    return merged

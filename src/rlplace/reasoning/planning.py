@@ -1,0 +1,381 @@
+"""The reasoning step-time model: from one profiled run, the step time of any placement and staleness of the same
+run.
+
+A step is the weight sync, the phase switches (offload/onload), generation (rollout -> reward -> inference ->
+actor, micro-batch by micro-batch), advantages and training. The units come from the profiled run's timeline
+(`reasoning.profile`): one micro-batch of each generating stage, and the actor's update, each as its ranks would
+have needed it alone (`planner.spans` takes out what processes sharing cores cost one another). A stage of R ranks
+generates M micro-batches a step, M / R per rank; the actor's update splits over its ranks.
+
+Collocated, the stages take turns: generation is each stage's busiest resource in turn. Apart, the stages run at
+once and micro-batches stream through them: generation is the slowest stage's share plus one micro-batch of each of
+the others (filling and draining the pipeline), or the busiest resource serving every stage's work, whichever is
+longer. Training is the busiest resource serving the actor ranks. With `max_staleness` >= 1 and the actor on devices
+of its own, training runs beside the next step's generation: as long as the longer, or as the busiest resource
+needs for both. The weight sync costs the profiled run's per receiving rank; a phase switch the profiled run's; what
+the profiled step leaves unexplained (the driver's calls, hand-offs) is added to every step, so that the model
+reproduces the profiled run.
+
+What the profile cannot say is an assumption, listed with each prediction.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rlplace.core.errors import ConfigError
+from rlplace.core.schedule import switch_plan
+from rlplace.placement import ComponentPlacement, PlacementError
+from rlplace.placement.cores import device_cores
+from rlplace.planner import PROFILE_FILE, Curve, ProfileError, Resources, Work, busiest, load_profile
+from rlplace.planner.layout import component_devices, process_resources
+from rlplace.planner.profile import DAMAGED, TIMELINE_FILE, VALID, describe
+from rlplace.planner.spans import alone_work
+from rlplace.reasoning.checks import check_reasoning
+from rlplace.reasoning.config import COMPONENTS, FAMILY, ReasoningConfig
+from rlplace.reasoning.phases import PHASES
+from rlplace.reasoning.profile import TRAINING_SPANS, UNIT_SPANS, shape
+
+STAGES = ("rollout", "reward", "inference")
+"""The generating stages, in pipeline order."""
+DEFAULT_SWITCH_S = 0.01
+"""A phase switch (offload or onload calls) when the profiled run had none to measure."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each process runs (per component, one resource set per rank) and the devices each component holds."""
+
+    processes: dict[str, list[Resources]]
+    devices: dict[str, frozenset[int]]
+
+    @property
+    def overlap(self) -> bool:
+        """Whether the actor's devices are its own, so an asynchronous step trains beside generation."""
+        generating = frozenset().union(*(self.devices[name] for name in STAGES))
+        return not self.devices["actor"] & generating
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether the stages run at once (as the runner does unless every component shares every device)."""
+        return len({self.devices[name] for name in COMPONENTS}) > 1
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_s: float
+    phases: dict[str, float]
+    tokens_per_s: float
+    assumptions: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_s": self.step_s,
+            "phases": self.phases,
+            "throughput": {"tokens_per_s": self.tokens_per_s},
+            "assumptions": list(self.assumptions),
+        }
+
+
+class StepModel:
+    """Predicts reasoning step times from one profiled run, calibrated so that it reproduces that run."""
+
+    def __init__(self, folder: str | Path, task: str) -> None:
+        profile = load_profile(folder, FAMILY, task)
+        self.config: dict[str, Any] = profile.config
+        self.device_type: str = profile.data["device_type"]
+        self.cores = {int(d): tuple(c) for d, c in profile.data["devices"].items()}
+        self.node_cores = {int(n): tuple(c) for n, c in profile.data.get("node_cores", {}).items()}
+        names = [*UNIT_SPANS.values(), *TRAINING_SPANS]
+        work = alone_work((Path(folder) / TIMELINE_FILE).read_text(), self.cores, names)
+        own = self.layout(profile.data["placement"], self.cores)
+        self.unit = {
+            name: work.get((name, span), 0.0) / _micro_batches(self.config) for name, span in UNIT_SPANS.items()
+        }
+        """Seconds of one micro-batch of each stage, alone."""
+        self.advantages = work.get(("actor", "advantages"), 0.0)
+        """Seconds of a step's advantages over all actor ranks, alone."""
+        # The passes were timed with every actor rank busy at once: a rank sharing its core ran at that share.
+        sharers = max(_sharers(own.processes["actor"]), 1)
+        actor = profile.data["actor"]
+        self.pass_curve = Curve(tuple(actor["sizes"]), tuple(t / sharers for t in actor["seconds"]))
+        self.optimizer_step = actor["optimizer_step"] / sharers
+        self.row_tokens = actor["row_tokens"]
+        """Tokens of a row (prompt and response), as the profiled run's were on average."""
+        ranks = len(own.processes["actor"])
+        self.update_loop = work.get(("actor", "training"), 0.0) / ranks / self._update(self.config, ranks)
+        """The profiled run's update inside its loop over the passes and steps timed alone (the critic's passes,
+        the loss and its bookkeeping are in the loop's)."""
+        self.sync_unit = profile.phases.get("sync_weights", 0.0) / busiest(_sync_work(own, 1.0))
+        """Seconds for one receiving rank to take the weights, and for the sender to send them once."""
+        self.switch_count = _switch_count(own, self.config["offload"])
+        self.switches_s = profile.phases.get("offload", 0.0) + profile.phases.get("onload", 0.0)
+        self.response_tokens = profile.metrics["rollout/response_tokens"]
+        self.overhead = 0.0
+        self.overhead = profile.phases["step"] - self.predict(self.config, own).step_s
+        """What the profiled step took beyond the modelled phases: the driver's calls and the hand-offs."""
+
+    def layout(self, placement: ComponentPlacement | Mapping[str, Any], cores: Mapping[int, tuple[int, ...]]) -> Layout:
+        node_cores = self.node_cores if self.device_type != "cpu" else None
+        return Layout(process_resources(placement, cores, node_cores), component_devices(placement))
+
+    def _update(self, run: Mapping[str, Any], ranks: int) -> float:
+        """One actor rank's update alone, from the timed passes: per minibatch, its passes over its share of the
+        rows, then an optimizer step."""
+        rows = run["prompts_per_step"] * run["group_size"] / run["num_minibatches"] / ranks
+        passes = 1
+        if run["max_tokens_per_micro_batch"]:
+            tokens = rows * self.row_tokens
+            passes = max(1, math.ceil(tokens / run["max_tokens_per_micro_batch"]))
+        per_minibatch = passes * self.pass_curve.at(rows / passes) + self.optimizer_step
+        return run["update_epochs"] * run["num_minibatches"] * per_minibatch
+
+    def predict(self, run: Mapping[str, Any], layout: Layout) -> Prediction:
+        """The step of a run of sizes `run` (`reasoning.profile.shape`) placed as `layout`."""
+        assumptions = ["a stage's micro-batch costs what it cost in the profiled run"]
+        scale = _tokens(run) / _tokens(self.config)
+        if scale != 1:
+            assumptions.append("each stage's work scales with the response tokens of a step (profiled at other sizes)")
+        micro_batches = _micro_batches(run)
+        unit = {
+            name: seconds * scale * run["micro_batch_prompts"] / self.config["micro_batch_prompts"]
+            for name, seconds in self.unit.items()
+        }
+        stage_work = {
+            name: [(p, math.ceil(micro_batches / len(procs)) * unit[name]) for p in procs]
+            for name, procs in ((name, layout.processes[name]) for name in STAGES)
+        }
+        if layout.pipelined:
+            slowest = max(STAGES, key=lambda name: busiest(stage_work[name]))
+            pipeline = busiest(stage_work[slowest]) + sum(unit[name] for name in STAGES if name != slowest)
+            generation = max(pipeline, busiest([w for name in STAGES for w in stage_work[name]]))
+        else:
+            generation = sum(busiest(stage_work[name]) for name in STAGES)
+        actors = layout.processes["actor"]
+        per_rank = self._update(run, len(actors)) * self.update_loop + self.advantages * scale / len(actors)
+        train_work: list[Work] = [(p, per_rank) for p in actors]
+        training = busiest(train_work)
+        count = _switch_count(layout, run["offload"])
+        if self.switch_count:
+            switches = self.switches_s / self.switch_count * count
+        else:
+            switches = DEFAULT_SWITCH_S * count
+            if count:
+                assumptions.append(f"phase switches {DEFAULT_SWITCH_S * 1e3:.0f} ms each (the profile had none)")
+        phases = {
+            "sync_weights": busiest(_sync_work(layout, self.sync_unit)),
+            "switches": switches,
+            "generate_rollouts": generation,
+            "training": training,
+        }
+        work = generation + training
+        if run["max_staleness"] and layout.overlap:
+            both = [w for name in STAGES for w in stage_work[name]] + train_work
+            work = max(generation, training, busiest(both))
+            phases["overlapped"] = work
+        step = phases["sync_weights"] + switches + work + self.overhead
+        assumptions.append("an actor rank's passes and optimizer steps cost what they cost timed after the run")
+        tokens = self.response_tokens * scale
+        return Prediction(step, phases, tokens / step, tuple(assumptions))
+
+
+def _micro_batches(run: Mapping[str, Any]) -> int:
+    return run["prompts_per_step"] // run["micro_batch_prompts"]
+
+
+def _sharers(processes: list[Resources]) -> int:
+    """The most of these processes on one resource."""
+    return int(busiest([(p, 1.0) for p in processes]))
+
+
+def _sync_work(layout: Layout, unit: float) -> list[Work]:
+    """The weight sync's work: actor rank 0 sends the weights to every receiving rank, which each takes them."""
+    receivers = [p for name in ("rollout", "inference") for p in layout.processes[name]]
+    return [(layout.processes["actor"][0], unit * len(receivers)), *((p, unit) for p in receivers)]
+
+
+def _tokens(run: Mapping[str, Any]) -> int:
+    """The most response tokens a step can generate: what its work scales with."""
+    return run["prompts_per_step"] * run["group_size"] * run["max_new_tokens"]
+
+
+def _switch_count(layout: Layout, offloadable: Mapping[str, bool]) -> int:
+    """Offload and onload calls per step: each group in each phase's switch."""
+    plan = switch_plan(PHASES, layout.devices, {name: bool(offloadable.get(name)) for name in COMPONENTS})
+    return sum(len(s.offload) + len(s.onload) for s in plan.values())
+
+
+def offloadable(cfg: ReasoningConfig) -> dict[str, bool]:
+    return cfg.offloadable
+
+
+def cluster_cores(model: StepModel, cfg: ReasoningConfig) -> dict[int, tuple[int, ...]]:
+    """Cores per device of the run's cluster: a cpu cluster is laid on the profiled machine's cores, every node
+    like it; a GPU is a resource of its own (no cores)."""
+    if cfg.cluster.device_type != "cpu":
+        return {}
+    machine = sorted({c for cores in model.cores.values() for c in cores})
+    per_node = cfg.cluster.num_devices_per_node
+    found = device_cores(machine, per_node, cfg.cluster.cpus_per_device)
+    return {node * per_node + d: cores for node in range(cfg.cluster.num_nodes) for d, cores in enumerate(found)}
+
+
+def predict_run(model: StepModel, cfg: ReasoningConfig, placement: ComponentPlacement) -> Prediction:
+    """The predicted step of the run `cfg`, placed as `placement`, on its own cluster."""
+    return model.predict(shape(cfg), model.layout(placement, cluster_cores(model, cfg)))
+
+
+def layouts(num_devices: int) -> Iterator[dict[str, str]]:
+    """Candidate placements of the four components on `num_devices` devices, one process per device each:
+    collocated; each stage on its own devices (every split in four, pipeline order); generation and log-probs on the
+    first devices and the actor and reward on the rest (the hybrid preset's split); the actor apart from the three
+    generating stages; the rollout apart from the rest."""
+
+    def span(first: int, last: int) -> str:
+        return str(first) if first == last else f"{first}-{last}"
+
+    every = span(0, num_devices - 1)
+    yield dict.fromkeys(COMPONENTS, every)
+    for a in range(1, num_devices):
+        for b in range(1, num_devices - a):
+            for c in range(1, num_devices - a - b):
+                cuts = (0, a, a + b, a + b + c, num_devices)
+                parts = [span(cuts[i], cuts[i + 1] - 1) for i in range(4)]
+                yield dict(zip(("rollout", "actor", "inference", "reward"), parts, strict=True))
+    for k in range(1, num_devices):
+        first, rest = span(0, k - 1), span(k, num_devices - 1)
+        yield {"rollout": first, "inference": first, "actor": rest, "reward": rest}
+        yield {"rollout": first, "reward": first, "inference": first, "actor": rest}
+        yield {"rollout": first, "reward": rest, "inference": rest, "actor": rest}
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One candidate of a search: what it runs, what it is predicted to do, and the overrides that run it."""
+
+    mode: str
+    component_placement: dict[str, str]
+    offload: dict[str, bool]
+    max_staleness: int
+    prediction: Prediction
+
+    @property
+    def overrides(self) -> str:
+        """The command line that runs it: each component's devices set one by one over the disaggregated preset,
+        whose keys name one component each, and each offload switch."""
+        where = " ".join(
+            f"cluster.component_placement.{name}={value}" for name, value in self.component_placement.items()
+        )
+        offload = " ".join(f"{name}.enable_offload={str(on).lower()}" for name, on in self.offload.items())
+        return f"placement=reasoning_disaggregated {where} {offload} runner.max_staleness={self.max_staleness}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "component_placement": self.component_placement,
+            "max_staleness": self.max_staleness,
+            "prediction": self.prediction.to_dict(),
+            "overrides": self.overrides,
+        }
+
+
+def shares(where: Mapping[str, str], name: str, placement: ComponentPlacement) -> bool:
+    """Whether component `name` shares a device with another: then it offloads while the other works."""
+    mine = set(placement.devices_of(name))
+    return any(mine & set(placement.devices_of(other)) for other in where if other != name)
+
+
+def search(cfg: ReasoningConfig, model: StepModel) -> list[Ranked]:
+    """Every candidate placement x staleness (0 and 1) the run could take on its cluster, fastest first.
+
+    Candidates the run's checks refuse (micro-batches that do not divide over the actor's ranks, device memory over
+    `cluster.device_memory_gb`) or that would put more processes on a cpu node's cores than
+    `cluster.max_oversubscription` allows are left out. A component that shares devices offloads between phases."""
+    nodes, per_node = cfg.cluster.num_nodes, cfg.cluster.num_devices_per_node
+    cores = cluster_cores(model, cfg)
+    machine = {c for found in cores.values() for c in found}
+    limit = cfg.cluster.max_oversubscription * len(machine) if cores else None
+    found = []
+    for where in layouts(nodes * per_node):
+        placement = ComponentPlacement(where, nodes, per_node, components=COMPONENTS)
+        if limit is not None and sum(placement.get_world_size(c) for c in COMPONENTS) > limit * nodes:
+            continue
+        offload = {name: shares(where, name, placement) for name in ("actor", "rollout")}
+        layout = model.layout(placement, cores)
+        for staleness in (0, 1):
+            candidate = replace(
+                cfg,
+                cluster=replace(cfg.cluster, component_placement=dict(where)),
+                actor=replace(cfg.actor, enable_offload=offload["actor"]),
+                rollout=replace(cfg.rollout, enable_offload=offload["rollout"]),
+                runner=replace(cfg.runner, max_staleness=staleness),
+            )
+            try:
+                check_reasoning(candidate, placement)
+            except (ConfigError, PlacementError):
+                continue
+            prediction = model.predict(shape(candidate), layout)
+            found.append(Ranked(placement.mode, dict(where), offload, staleness, prediction))
+    return sorted(found, key=lambda r: r.prediction.step_s)
+
+
+def load_model(profile_dir: str | Path, task: str) -> StepModel:
+    """The step model of the profile in `profile_dir`, for runs of `task` (ProfileError if it cannot serve them,
+    also when its files parse but lack what the model reads). Read once per process while profile.json stays as
+    it is."""
+    try:
+        stamp = (Path(profile_dir) / PROFILE_FILE).stat().st_mtime_ns
+    except OSError:
+        stamp = None  # `load_profile` names what is missing
+    return _load_model(str(profile_dir), task, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_model(profile_dir: str, task: str, stamp: int | None) -> StepModel:
+    try:
+        return StepModel(profile_dir, task)
+    except ProfileError:
+        raise
+    except DAMAGED as err:
+        raise ProfileError(
+            f"plan.profile = {profile_dir!r}: the profile is incomplete ({describe(err)}){VALID}"
+        ) from err
+
+
+def choose(cfg: ReasoningConfig) -> tuple[ReasoningConfig, list[Ranked]]:
+    """`placement=auto`: the run placed as the fastest candidate of `plan.profile`'s search at the run's own
+    staleness (K changes what is trained, the placement does not), with the ranking it was chosen from. ConfigError
+    when the profile cannot serve the run or no candidate fits its cluster."""
+    try:
+        model = load_model(cfg.plan.profile, cfg.task.name)
+    except ProfileError as err:
+        raise ConfigError(str(err)) from None
+    ranked = [r for r in search(cfg, model) if r.max_staleness == cfg.runner.max_staleness]
+    if not ranked:
+        raise ConfigError(
+            f"placement = 'auto': no placement of this run fits cluster.num_devices_per_node = "
+            f"{cfg.cluster.num_devices_per_node} x {cfg.cluster.num_nodes} node(s) (valid: a placement preset)"
+        )
+    best = ranked[0]
+    chosen = replace(
+        cfg,
+        cluster=replace(cfg.cluster, component_placement=dict(best.component_placement)),
+        actor=replace(cfg.actor, enable_offload=best.offload["actor"]),
+        rollout=replace(cfg.rollout, enable_offload=best.offload["rollout"]),
+    )
+    return chosen, ranked
+
+
+def ranked(cfg: ReasoningConfig) -> list[Ranked]:
+    """`plan.search`: the candidates of the run's cluster from `plan.profile`, fastest first."""
+    return search(cfg, load_model(cfg.plan.profile, cfg.task.name))
+
+
+def predict_placed(cfg: ReasoningConfig, placement: ComponentPlacement) -> Prediction:
+    """The prediction of the run as placed, from `plan.profile` (ProfileError if the profile cannot serve it)."""
+    return predict_run(load_model(cfg.plan.profile, cfg.task.name), cfg, placement)
