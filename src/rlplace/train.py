@@ -170,9 +170,10 @@ def log_ranking(ranking: list[Any], top: int) -> None:
     """placement=auto: the candidates it chose from, fastest first, and the chosen one's override line."""
     for number, candidate in enumerate(ranking[:top], 1):
         found = candidate.to_dict()
+        stages = f", {found['stages']} stage(s)" if "stages" in found else ""  # embodied candidates have stages
         log.info(
             f"rlplace: auto #{number}: {found['prediction']['step_s']:.4f} s per step predicted, {found['mode']}, "
-            f"{found['component_placement']}, {found['stages']} stage(s)"
+            f"{found['component_placement']}{stages}, K={found['max_staleness']}"
         )
     log.info(f"rlplace: placement=auto runs #1, the fastest predicted: {ranking[0].overrides}")
 

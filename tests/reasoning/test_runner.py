@@ -18,9 +18,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import shlex
 import shutil
+import statistics
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,7 @@ from rlplace.core.schedule import AsyncSchedule
 from rlplace.families import resolve
 from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError
+from rlplace.planner import PROFILE_FILE
 from rlplace.reasoning.launch import check_checkpoint, checkpoint_identity
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.replace import switches
@@ -50,7 +54,8 @@ RUNS = {
     "collocated": [*ASYNC_PPO, "runner.save_interval=1", "cluster.num_devices_per_node=1", "cluster.cpus_per_device=1"],
     # Each stage on its own device, 16 micro-batches of 8-token responses per step streaming through them (enough
     # for the stages to overlap even when generation is quick), routed over 2 actor ranks that average their
-    # gradients; generation with vLLM (hf without vLLM).
+    # gradients; generation with vLLM (hf without vLLM); profiled for the planner (the actor's passes timed on both
+    # ranks at once after the run).
     "disaggregated": [
         "experiment=arithmetic_grpo_disagg",
         "task.prompts_per_step=16",
@@ -58,6 +63,7 @@ RUNS = {
         "rollout.max_new_tokens=8",
         "cluster.component_placement.actor=1:0-1",
         *(["rollout=vllm"] if VLLM else []),
+        "runner.profile=true",
     ],
 }
 OVERLAPPED = [
@@ -245,6 +251,45 @@ def test_vllm_backend_trains_and_its_weights_follow_the_actor(runs: dict[str, Ru
     assert "backend: vllm" in (run.run_dir / ".hydra" / "config.yaml").read_text()
     rows = run.metrics()
     assert len(rows) == 2 and all("eval/accuracy" in row for row in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["disaggregated"])
+def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choice(
+    variant: str, runs: dict[str, Run], model_path: Path
+) -> None:
+    run = runs[variant].finished()
+    profile = json.loads((run.run_dir / PROFILE_FILE).read_text())
+    assert (profile["family"], profile["task"], profile["placement"]["mode"]) == (
+        "reasoning",
+        "arithmetic",
+        "disaggregated",
+    )
+    assert profile["config"]["prompts_per_step"] == 16 and profile["config"]["micro_batch_prompts"] == 1
+    passes = profile["actor"]
+    assert passes["sizes"] == [1, 2, 4, 8, 16, 32] and all(s > 0 for s in passes["seconds"])  # 64 rows / 2 minibatches
+    assert passes["optimizer_step"] > 0 and passes["row_tokens"] > 0
+    # Calibrated on the run it profiled, the model gives back that run's median step.
+    profiled = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS[variant]]
+    planned = resolve(compose_run([*profiled, f"plan.profile={run.run_dir}"]))
+    measured = statistics.median(row["time/step"] for row in run.metrics())
+    assert planned.prediction.step_s == pytest.approx(measured, rel=1e-6)
+    # The same run on other placements (the profiled sizes, the hf rollout).
+    same = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS[variant][1:4]]
+    same.append(f"plan.profile={run.run_dir}")
+    # Collocated on one device, the four stages take turns: its generation is predicted longer than apart.
+    collocated = resolve(compose_run([*same, "cluster.num_devices_per_node=1"]))
+    assert collocated.placement.mode == "collocated"
+    assert collocated.prediction.phases["generate_rollouts"] > planned.prediction.phases["generate_rollouts"]
+    # placement=auto on the profiled cluster: the fastest candidate at the run's staleness, ranked, and the same
+    # config as its override line run by hand.
+    auto = resolve(compose_run([*same, "cluster=local4", "placement=auto"]))
+    assert auto.prediction is auto.ranking[0].prediction
+    steps = [r.prediction.step_s for r in auto.ranking]
+    assert steps == sorted(steps) and {r.max_staleness for r in auto.ranking} == {0}
+    by_hand = resolve(compose_run([*same, "cluster=local4", *shlex.split(auto.ranking[0].overrides)]))
+    assert replace(auto.cfg, plan=by_hand.cfg.plan) == by_hand.cfg
+    assert auto.placement.to_dict() == by_hand.placement.to_dict()
 
 
 @pytest.mark.slow

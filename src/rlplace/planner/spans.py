@@ -106,3 +106,18 @@ def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
         else:
             merged.append((s, e))
     return merged
+
+
+def rank_seconds(timeline_text: str, group: str, name: str) -> dict[int, float]:
+    """Rank -> median seconds of its `name` spans per step, for group `group`, over the measured steps (as
+    `alone_work` counts steps), as they were: with whatever shared their cores."""
+    events = json.loads(timeline_text)["traceEvents"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e["name"] == "step")
+    measured = steps[WARMUP_STEPS:] or steps
+    found: dict[int, set[tuple[float, float]]] = defaultdict(set)
+    for e in events:
+        args = e.get("args", {})
+        if e.get("ph") == "X" and e["name"] == name and args.get("group") == group:
+            if any(start <= e["ts"] and e["ts"] + e["dur"] <= end for start, end in measured):
+                found[args["rank"]].add((e["ts"], e["dur"] / 1e6))  # once per process, whatever its devices
+    return {rank: statistics.median(d for _, d in spans) for rank, spans in found.items()}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,7 +36,7 @@ from rlplace.placement.cores import device_cores
 from rlplace.planner import PROFILE_FILE, Curve, ProfileError, Resources, Work, busiest, load_profile
 from rlplace.planner.layout import component_devices, process_resources
 from rlplace.planner.profile import DAMAGED, TIMELINE_FILE, VALID, describe
-from rlplace.planner.spans import alone_work
+from rlplace.planner.spans import alone_work, rank_seconds
 from rlplace.reasoning.checks import check_reasoning
 from rlplace.reasoning.config import COMPONENTS, FAMILY, ReasoningConfig
 from rlplace.reasoning.phases import PHASES
@@ -43,6 +44,8 @@ from rlplace.reasoning.profile import TRAINING_SPANS, UNIT_SPANS, shape
 
 STAGES = ("rollout", "reward", "inference")
 """The generating stages, in pipeline order."""
+FORWARD_SHARE = 1 / 3
+"""A forward pass's share of a training pass (forward and backward; the backward costs about twice the forward)."""
 DEFAULT_SWITCH_S = 0.01
 """A phase switch (offload or onload calls) when the profiled run had none to measure."""
 
@@ -92,14 +95,14 @@ class StepModel:
         self.cores = {int(d): tuple(c) for d, c in profile.data["devices"].items()}
         self.node_cores = {int(n): tuple(c) for n, c in profile.data.get("node_cores", {}).items()}
         names = [*UNIT_SPANS.values(), *TRAINING_SPANS]
-        work = alone_work((Path(folder) / TIMELINE_FILE).read_text(), self.cores, names)
+        timeline = (Path(folder) / TIMELINE_FILE).read_text()
+        work = alone_work(timeline, self.cores, names)
         own = self.layout(profile.data["placement"], self.cores)
         self.unit = {
             name: work.get((name, span), 0.0) / _micro_batches(self.config) for name, span in UNIT_SPANS.items()
         }
         """Seconds of one micro-batch of each stage, alone."""
-        self.advantages = work.get(("actor", "advantages"), 0.0)
-        """Seconds of a step's advantages over all actor ranks, alone."""
+        self.advantages = 0.0
         # The passes were timed with every actor rank busy at once: a rank sharing its core ran at that share.
         sharers = max(_sharers(own.processes["actor"]), 1)
         actor = profile.data["actor"]
@@ -108,11 +111,25 @@ class StepModel:
         self.row_tokens = actor["row_tokens"]
         """Tokens of a row (prompt and response), as the profiled run's were on average."""
         ranks = len(own.processes["actor"])
-        self.update_loop = work.get(("actor", "training"), 0.0) / ranks / self._update(self.config, ranks)
-        """The profiled run's update inside its loop over the passes and steps timed alone (the critic's passes,
-        the loss and its bookkeeping are in the loop's)."""
-        self.sync_unit = profile.phases.get("sync_weights", 0.0) / busiest(_sync_work(own, 1.0))
-        """Seconds for one receiving rank to take the weights, and for the sender to send them once."""
+        proximal = ranks * self._proximal(self.config, ranks)
+        self.advantages = max(0.0, work.get(("actor", "advantages"), 0.0) - proximal)
+        """Seconds of a step's advantages over all actor ranks, alone, without the proximal log-probs."""
+        self.update_overhead = work.get(("actor", "training"), 0.0) / ranks - self._update(self.config, ranks)
+        """Seconds of a rank's update in the profiled run's loop beyond its passes and steps timed alone: the loss
+        and its bookkeeping, the critic's passes, waiting for the other ranks at the averaging."""
+        self.sync_s = profile.phases.get("sync_weights", 0.0)
+        """The profiled run's weight sync."""
+        self.local_sync = _sharing_sender(own)
+        receive = rank_seconds(timeline, "rollout", "sync_weights")
+        sender = own.processes["actor"][0]
+        local = [s for rank, s in receive.items() if own.processes["rollout"][rank] & sender]
+        remote = [s for rank, s in receive.items() if not own.processes["rollout"][rank] & sender]
+        self.remote_over_local = statistics.median(remote) / statistics.median(local) if local and remote else None
+        """How much faster a rank takes the weights from a sender on other cores than from one on its own (hand-offs
+        between processes of one core wait for it to switch between them), where the profiled run had both."""
+        self.call_s = 0.0
+        self.call_s = (profile.phases["generate_rollouts"] - self._generation(self.config, own)) / _call_rounds(own)
+        """Seconds of starting and collecting one round of stage calls (the driver's side of generation)."""
         self.switch_count = _switch_count(own, self.config["offload"])
         self.switches_s = profile.phases.get("offload", 0.0) + profile.phases.get("onload", 0.0)
         self.response_tokens = profile.metrics["rollout/response_tokens"]
@@ -135,29 +152,65 @@ class StepModel:
         per_minibatch = passes * self.pass_curve.at(rows / passes) + self.optimizer_step
         return run["update_epochs"] * run["num_minibatches"] * per_minibatch
 
+    def _proximal(self, run: Mapping[str, Any], ranks: int) -> float:
+        """With `max_staleness` >= 1, a rank's forward pass over its batch for the proximal log-probs."""
+        if not run["max_staleness"]:
+            return 0.0
+        return FORWARD_SHARE * self.pass_curve.at(run["prompts_per_step"] * run["group_size"] / ranks)
+
+    def _stage_work(self, run: Mapping[str, Any], layout: Layout) -> dict[str, list[Work]]:
+        """Each generating rank's busy seconds in a step, alone: its share of the micro-batches."""
+        scale = _tokens(run) / _tokens(self.config)
+        micro_batches = _micro_batches(run)
+        return {
+            name: [(p, math.ceil(micro_batches / len(procs)) * self._unit(run, name, scale)) for p in procs]
+            for name, procs in ((name, layout.processes[name]) for name in STAGES)
+        }
+
+    def _unit(self, run: Mapping[str, Any], name: str, scale: float) -> float:
+        return self.unit[name] * scale * run["micro_batch_prompts"] / self.config["micro_batch_prompts"]
+
+    def _generation(self, run: Mapping[str, Any], layout: Layout) -> float:
+        """Generation's work: the stages in turn (collocated) or at once, micro-batches streaming through them."""
+        stage_work = self._stage_work(run, layout)
+        if not layout.pipelined:
+            return sum(busiest(stage_work[name]) for name in STAGES)
+        scale = _tokens(run) / _tokens(self.config)
+        slowest = max(STAGES, key=lambda name: busiest(stage_work[name]))
+        pipeline = busiest(stage_work[slowest]) + sum(self._unit(run, n, scale) for n in STAGES if n != slowest)
+        return max(pipeline, busiest([w for name in STAGES for w in stage_work[name]]))
+
+    def _sync(self, layout: Layout, assumptions: list[str]) -> float:
+        """The weight sync: as the profiled run's, where a receiving rank shares the sender's cores in both or in
+        neither; else scaled by how much faster a rank on other cores took the weights in the profiled run."""
+        local = _sharing_sender(layout)
+        if local == self.local_sync:
+            assumptions.append("the weight sync costs what it cost the profiled run")
+            return self.sync_s
+        if self.remote_over_local is None:
+            assumptions.append(
+                "the weight sync costs what it cost the profiled run (which had no receiving rank on "
+                + ("other cores than" if self.local_sync else "the cores of")
+                + " the sender)"
+            )
+            return self.sync_s
+        assumptions.append(
+            "the weight sync scaled by how fast the profiled run's ranks on and off the sender's cores took the weights"
+        )
+        return self.sync_s / self.remote_over_local if local else self.sync_s * self.remote_over_local
+
     def predict(self, run: Mapping[str, Any], layout: Layout) -> Prediction:
         """The step of a run of sizes `run` (`reasoning.profile.shape`) placed as `layout`."""
         assumptions = ["a stage's micro-batch costs what it cost in the profiled run"]
         scale = _tokens(run) / _tokens(self.config)
         if scale != 1:
             assumptions.append("each stage's work scales with the response tokens of a step (profiled at other sizes)")
-        micro_batches = _micro_batches(run)
-        unit = {
-            name: seconds * scale * run["micro_batch_prompts"] / self.config["micro_batch_prompts"]
-            for name, seconds in self.unit.items()
-        }
-        stage_work = {
-            name: [(p, math.ceil(micro_batches / len(procs)) * unit[name]) for p in procs]
-            for name, procs in ((name, layout.processes[name]) for name in STAGES)
-        }
-        if layout.pipelined:
-            slowest = max(STAGES, key=lambda name: busiest(stage_work[name]))
-            pipeline = busiest(stage_work[slowest]) + sum(unit[name] for name in STAGES if name != slowest)
-            generation = max(pipeline, busiest([w for name in STAGES for w in stage_work[name]]))
-        else:
-            generation = sum(busiest(stage_work[name]) for name in STAGES)
+        stage_work = self._stage_work(run, layout)
+        generation = self._generation(run, layout) + self.call_s * _call_rounds(layout)
         actors = layout.processes["actor"]
-        per_rank = self._update(run, len(actors)) * self.update_loop + self.advantages * scale / len(actors)
+        ranks = len(actors)
+        per_rank = self._update(run, ranks) + self.update_overhead + self._proximal(run, ranks)
+        per_rank += self.advantages * scale / ranks
         train_work: list[Work] = [(p, per_rank) for p in actors]
         training = busiest(train_work)
         count = _switch_count(layout, run["offload"])
@@ -168,7 +221,7 @@ class StepModel:
             if count:
                 assumptions.append(f"phase switches {DEFAULT_SWITCH_S * 1e3:.0f} ms each (the profile had none)")
         phases = {
-            "sync_weights": busiest(_sync_work(layout, self.sync_unit)),
+            "sync_weights": self._sync(layout, assumptions),
             "switches": switches,
             "generate_rollouts": generation,
             "training": training,
@@ -193,10 +246,16 @@ def _sharers(processes: list[Resources]) -> int:
     return int(busiest([(p, 1.0) for p in processes]))
 
 
-def _sync_work(layout: Layout, unit: float) -> list[Work]:
-    """The weight sync's work: actor rank 0 sends the weights to every receiving rank, which each takes them."""
-    receivers = [p for name in ("rollout", "inference") for p in layout.processes[name]]
-    return [(layout.processes["actor"][0], unit * len(receivers)), *((p, unit) for p in receivers)]
+def _sharing_sender(layout: Layout) -> bool:
+    """Whether a rank that receives the weights shares resources with the sender (actor rank 0)."""
+    sender = layout.processes["actor"][0]
+    return any(p & sender for name in ("rollout", "inference") for p in layout.processes[name])
+
+
+def _call_rounds(layout: Layout) -> int:
+    """Rounds of stage calls the driver makes per step: one at once when the stages run together, one per stage
+    (the actor's collection included) when they take turns."""
+    return 1 if layout.pipelined else len(STAGES) + 1
 
 
 def _tokens(run: Mapping[str, Any]) -> int:
@@ -230,14 +289,14 @@ def predict_run(model: StepModel, cfg: ReasoningConfig, placement: ComponentPlac
     return model.predict(shape(cfg), model.layout(placement, cluster_cores(model, cfg)))
 
 
-def layouts(num_devices: int) -> Iterator[dict[str, str]]:
+def layouts(num_devices: int) -> Iterator[dict[str, int | str]]:
     """Candidate placements of the four components on `num_devices` devices, one process per device each:
     collocated; each stage on its own devices (every split in four, pipeline order); generation and log-probs on the
     first devices and the actor and reward on the rest (the hybrid preset's split); the actor apart from the three
     generating stages; the rollout apart from the rest."""
 
-    def span(first: int, last: int) -> str:
-        return str(first) if first == last else f"{first}-{last}"
+    def span(first: int, last: int) -> int | str:
+        return first if first == last else f"{first}-{last}"  # as Hydra reads either from the command line
 
     every = span(0, num_devices - 1)
     yield dict.fromkeys(COMPONENTS, every)
@@ -259,7 +318,7 @@ class Ranked:
     """One candidate of a search: what it runs, what it is predicted to do, and the overrides that run it."""
 
     mode: str
-    component_placement: dict[str, str]
+    component_placement: dict[str, int | str]
     offload: dict[str, bool]
     max_staleness: int
     prediction: Prediction
@@ -284,7 +343,7 @@ class Ranked:
         }
 
 
-def shares(where: Mapping[str, str], name: str, placement: ComponentPlacement) -> bool:
+def shares(where: Mapping[str, int | str], name: str, placement: ComponentPlacement) -> bool:
     """Whether component `name` shares a device with another: then it offloads while the other works."""
     mine = set(placement.devices_of(name))
     return any(mine & set(placement.devices_of(other)) for other in where if other != name)

@@ -6,7 +6,6 @@ report can be made offline, later, or on another machine.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import statistics
@@ -17,8 +16,10 @@ from typing import Any
 
 import yaml
 
+from rlplace.core.errors import ConfigError
 from rlplace.metrics.logger import WARMUP_STEPS
-from rlplace.planner import PROFILE_FILE, ProfileError
+from rlplace.placement import PlacementError
+from rlplace.planner import PROFILE_FILE
 
 STAGES = ("time/env", "time/rollout", "time/reward", "time/inference")
 """Busy seconds of each generation stage in a step: embodied runs log env and rollout, reasoning runs rollout,
@@ -234,35 +235,24 @@ def profile_source(jobs: list[Path]) -> Path | None:
 
 def predicted_step(path: Path, profile: Path | None = None) -> tuple[float | None, str | None]:
     """The planner's step time for the job in `path`: from the profile its overrides name (`plan.profile`), else
-    from `profile` (a job of the same sweep); the embodied model on the job's config, composed again from its
-    overrides as `rlplace-plan` would; and the profile it came from. None without a profile, for another family,
-    or for a profile that cannot serve the job."""
+    from `profile` (a job of the same sweep); the job's config composed again from its overrides, as `rlplace-plan`
+    would, and predicted by its family's model; and the profile it came from. None without a profile, or for a
+    profile that cannot serve the job (another task's)."""
     overrides_file = path / ".hydra" / "overrides.yaml"
     overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
     named = next((o.split("=", 1)[1] for o in overrides if o.startswith("plan.profile=")), None)
     source = named or profile
     if source is None:
         return None, None
-    from rlplace.cli import compose_run  # the model and the config tree only load for a sweep that asks
-    from rlplace.embodied.planning import predict_run
+    from rlplace.cli import compose_run  # the models and the config tree only load for a sweep that asks
     from rlplace.families import resolve
 
-    plan = resolve(compose_run(overrides))
-    if plan.family.name != "embodied":
-        return None, None
+    kept = [o for o in overrides if not o.startswith("plan.profile=")]
     try:
-        model = _step_model(str(source), plan.cfg.task.env_id)
-    except ProfileError:
+        plan = resolve(compose_run([*kept, f"plan.profile={source}"]))
+    except (ConfigError, PlacementError):
         return None, None
-    return predict_run(model, plan.cfg, plan.placement).step_s, str(source)
-
-
-@functools.cache
-def _step_model(source: str, env_id: str) -> Any:
-    """One step model per profile: the sweep's jobs share it (reading and calibrating it once, not per job)."""
-    from rlplace.embodied.planning import load_model
-
-    return load_model(source, env_id)
+    return plan.prediction.step_s, str(source)
 
 
 def collect(multirun_dir: Path) -> list[JobResult]:
