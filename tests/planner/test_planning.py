@@ -52,7 +52,8 @@ def test_a_missing_or_foreign_profile_is_refused_naming_the_key(tmp_path: Path, 
     with pytest.raises(ProfileError, match=r"plan.profile = .*no profile.json there .*runner.profile=true"):
         load_profile(tmp_path / "nothing", "embodied", "CartPole-v1")
     with pytest.raises(
-        ProfileError, match=r"plan.profile = .*'CartPole-v1', not this embodied run of 'HalfCheetah-v5'"
+        ProfileError,
+        match=r"plan.profile = .*'CartPole-v1' \(embodied family\), not this embodied run of 'HalfCheetah-v5'",
     ):
         load_profile(profile_dir, "embodied", "HalfCheetah-v5")
 

@@ -10,6 +10,7 @@ import sys
 PURE = (
     "rlplace.planner",
     "rlplace.embodied.planning",
+    "rlplace.reasoning.planning",
     "rlplace.reasoning.memory",
     "rlplace.core.schedule",
     "rlplace.placement",
