@@ -103,6 +103,8 @@ def render_memory(found: dict[str, Any], console: Console) -> None:
         f"{name} {u['resident']:.3g} resident / {u['peak']:.3g} at peak" for name, u in found["components_gb"].items()
     )
     console.print(f"per rank: {shares}")
+    if found["measured_from"]:
+        console.print(f"scaled per component and phase by the peaks measured in {found['measured_from']}")
 
 
 def print_plan(plan: Plan) -> None:

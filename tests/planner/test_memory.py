@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -73,9 +74,12 @@ def test_sharding_divides_the_actors_state_and_offload_empties_the_idle_phase(mo
     assert replica.peaks[0]["training"] == replica.usage["actor"].peak + replica.usage["inference"].resident
 
 
-def _plan(overrides: list[str]):
+def _plan(overrides: list[str], profile: Path | None = None):
+    """The run's config and placement; with `profile`, read as `plan.profile` by the memory model alone (a
+    synthetic profile holds what it reads, not what the step model needs)."""
     plan = resolve(compose_run(overrides))
-    return plan.cfg, plan.placement
+    cfg = plan.cfg if profile is None else replace(plan.cfg, plan=replace(plan.cfg.plan, profile=str(profile)))
+    return cfg, plan.placement
 
 
 @pytest.mark.parametrize("command", ["rlplace.plan", "rlplace.train"])
@@ -89,3 +93,43 @@ def test_a_run_that_does_not_fit_is_refused_naming_device_phase_and_excess(model
     assert "cluster.device_memory_gb = 0.001: device 0 needs" in line and "GB over" in line, line
     predicted = predict_memory(*_plan(args[:2])).peaks[0]
     assert f"in phase {max(predicted, key=predicted.get)} " in line  # the step's largest phase is named
+
+
+def test_a_profile_that_measured_its_peaks_scales_the_prediction(model_path, tmp_path):
+    """A profiled run on CUDA devices records each process's peak in its spans: the run's prediction is scaled per
+    component and phase by measured over predicted, there and on any other placement (`rlplace.planner.spans`)."""
+    overrides = ["experiment=arithmetic_grpo", f"model.path={model_path}", "cluster.num_devices_per_node=1"]
+    plain = predict_memory(*_plan(overrides))
+    actor_training = plain.usage["actor"].in_phase("training")
+    profile = write_reasoning_profile(tmp_path / "run", _plan(overrides)[1], actor_peak=2 * actor_training)
+    scaled = predict_memory(*_plan(overrides, profile))
+    assert scaled.measured_from == str(profile)
+    assert scaled.usage["actor"].in_phase("training") == 2 * actor_training
+    assert scaled.usage["rollout"].in_phase("training") == plain.usage["rollout"].in_phase("training")  # not measured
+    apart = [*overrides, "placement=reasoning_hybrid", "cluster.num_devices_per_node=2"]
+    assert predict_memory(*_plan(apart, profile)).usage["actor"].in_phase("training") == (
+        2 * predict_memory(*_plan(apart)).usage["actor"].in_phase("training")
+    )
+    cpu = write_reasoning_profile(tmp_path / "cpu", _plan(overrides)[1], actor_peak=None)  # no memory in its spans
+    assert predict_memory(*_plan(overrides, cpu)).measured_from is None
+
+
+def write_reasoning_profile(folder: Path, placement, actor_peak: int | None) -> Path:
+    """A reasoning run's folder as a profiled run leaves it, with 3 steps whose training phase saw the actor's rank 0
+    peak at `actor_peak` bytes (None: spans without memory, as on CPU devices)."""
+    folder.mkdir(parents=True)
+    data = {"family": "reasoning", "task": "arithmetic", "device_type": "gpu", "placement": placement.to_dict()}
+    (folder / "profile.json").write_text(json.dumps({**data, "devices": {"0": []}, "config": {}}))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "time/step": 1.0}) + "\n" for i in range(3)))
+    memory = {} if actor_peak is None else {"peak_bytes": actor_peak, "resident_bytes": actor_peak // 2}
+    events = []
+    for step in range(3):
+        start = step * 1e6
+        events.append({"name": "step", "ph": "X", "ts": start, "dur": 1e6, "args": {"group": "driver", "rank": 0}})
+        events.append(
+            {"name": "training", "ph": "X", "ts": start + 5e5, "dur": 4e5, "args": {"group": "driver", "rank": 0}}
+        )
+        args = {"group": "actor", "rank": 0, "devices": [0], **memory}
+        events.append({"name": "training", "ph": "X", "ts": start + 5.1e5, "dur": 3e5, "args": args})
+    (folder / "timeline.json").write_text(json.dumps({"traceEvents": events}))
+    return folder

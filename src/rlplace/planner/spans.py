@@ -121,3 +121,32 @@ def rank_seconds(timeline_text: str, group: str, name: str) -> dict[int, float]:
             if any(start <= e["ts"] and e["ts"] + e["dur"] <= end for start, end in measured):
                 found[args["rank"]].add((e["ts"], e["dur"] / 1e6))  # once per process, whatever its devices
     return {rank: statistics.median(d for _, d in spans) for rank, spans in found.items()}
+
+
+def phase_peaks(timeline_text: str, phases: Iterable[str]) -> dict[tuple[str, str], int]:
+    """(group, phase) -> the most device bytes rank 0 of the group held in the driver's `phase` over the measured
+    steps: its peak in its spans that overlap the phase, or, idle in it, what its last span before the phase left
+    allocated. Empty when no span carries memory (processes on CUDA devices record it; CPU runs do not)."""
+    events = [e for e in json.loads(timeline_text)["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == "step")
+    measured = steps[WARMUP_STEPS:] or steps
+    phases = set(phases)
+    windows: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    held: dict[str, set[tuple[float, float, int, int]]] = defaultdict(set)
+    for e in events:
+        args = e.get("args", {})
+        start, end = e["ts"], e["ts"] + e["dur"]
+        if args.get("group", DRIVER) == DRIVER:
+            if e["name"] in phases and any(s <= start and end <= t for s, t in measured):
+                windows[e["name"]].append((start, end))
+        elif args.get("rank") == 0 and "peak_bytes" in args:
+            held[args["group"]].add((start, end, args["peak_bytes"], args["resident_bytes"]))
+    found: dict[tuple[str, str], int] = {}
+    for group, spans in held.items():
+        for phase, intervals in windows.items():
+            for start, end in intervals:
+                inside = [peak for s, e, peak, _ in spans if s < end and e > start]
+                before = max(((e, resident) for s, e, _, resident in spans if e <= start), default=(0.0, 0))
+                used = max(inside) if inside else before[1]
+                found[group, phase] = max(found.get((group, phase), 0), used)
+    return found

@@ -11,6 +11,9 @@ Per rank, from the model folder's `config.json` and the run's sizes:
 - inference: its copy of the policy and, with a KL term, the reference model, and a scoring pass's logits; in weight
   sync, one bucket beside them;
 - reward: a reward model's weights, when there is one.
+With `plan.profile` of a run on CUDA devices, whose spans carry each process's measured peak, every component's
+prediction is scaled per phase by the profiled run's measured peak (rank 0's) over its own prediction: what the
+model leaves out (allocator slack, kernels' workspaces) carries over to the placements it plans.
 Pure Python (no torch): prompts are measured in tokens with the folder's `tokenizer.json` (`tokenizers`), or in
 characters without one; a chat template's few tokens are not counted.
 """
@@ -25,8 +28,11 @@ from rlplace.core import strategies
 from rlplace.core.errors import ConfigError
 from rlplace.core.schedule import offloaded_during
 from rlplace.placement import ComponentPlacement
+from rlplace.planner import ProfileError, load_profile
 from rlplace.planner.memory import GB, TransformerShape, Usage, device_peaks, over_capacity
-from rlplace.reasoning.config import ReasoningConfig
+from rlplace.planner.profile import DAMAGED, TIMELINE_FILE, VALID, describe
+from rlplace.planner.spans import phase_peaks
+from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import PromptSource
@@ -43,10 +49,13 @@ class MemoryPlan:
     usage: dict[str, Usage]
     peaks: dict[int, dict[str, int]]
     seq_len: int
+    measured_from: str | None = None
+    """The profile whose measured peaks scaled the prediction, if any."""
 
     def to_dict(self) -> dict[str, object]:
         return {
             "seq_len": self.seq_len,
+            "measured_from": self.measured_from,
             "components_gb": {n: {"resident": u.resident / GB, "peak": u.peak / GB} for n, u in self.usage.items()},
             "devices_gb": {d: {p: b / GB for p, b in phases.items()} for d, phases in self.peaks.items()},
         }
@@ -56,16 +65,33 @@ def predict_memory(
     cfg: ReasoningConfig, placement: ComponentPlacement, source: PromptSource | None = None
 ) -> MemoryPlan | None:
     """The run's predicted device memory; None when the model's shape is not known before it is built (a built
-    model kind without model.path)."""
+    model kind without model.path). With `plan.profile` of a run that measured its memory (CUDA devices), each
+    component's prediction per phase is scaled by what that run measured over what was predicted for it."""
     if cfg.model.path is None:
         return None
     folder = Path(cfg.model.path)
     shape = TransformerShape.from_config(json.loads((folder / "config.json").read_text()))
     source = make_prompt_source(cfg.task) if source is None else source
     seq_len = _longest_prompt(source, folder) + cfg.rollout.max_new_tokens
+    usage = _usage(cfg, shape, seq_len, placement.get_world_size("actor"))
+    measured_from = None
+    if cfg.plan.profile is not None:
+        found = _measured(cfg.plan.profile, cfg.task.name)
+        if found is not None:
+            ranks, peaks = found
+            profiled = _usage(cfg, shape, seq_len, ranks)
+            usage = {name: _calibrated(name, use, profiled[name], peaks) for name, use in usage.items()}
+            measured_from = str(cfg.plan.profile)
+    devices = {name: frozenset(placement.devices_of(name)) for name in placement.components}
+    peaks = device_peaks(PHASES, devices, offloaded_during(PHASES, devices, cfg.offloadable), usage)
+    return MemoryPlan(usage, peaks, seq_len, measured_from)
+
+
+def _usage(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, actor_ranks: int) -> dict[str, Usage]:
+    """Each component's predicted bytes per rank, with the actor on `actor_ranks` ranks."""
     on_gpu = cfg.cluster.device_type == "gpu"
     usage = {
-        "actor": _actor(cfg, shape, placement.get_world_size("actor"), seq_len),
+        "actor": _actor(cfg, shape, actor_ranks, seq_len),
         "rollout": _rollout(cfg, shape, seq_len, on_gpu),
         "inference": _inference(cfg, shape, seq_len, on_gpu),
     }
@@ -75,9 +101,36 @@ def predict_memory(
         )
         weights = reward_shape.parameters(head=False) * (BF16 if on_gpu else FP32)
         usage["reward"] = Usage(weights)
-    devices = {name: frozenset(placement.devices_of(name)) for name in placement.components}
-    peaks = device_peaks(PHASES, devices, offloaded_during(PHASES, devices, cfg.offloadable), usage)
-    return MemoryPlan(usage, peaks, seq_len)
+    return usage
+
+
+def _measured(folder: str, task: str) -> tuple[int, dict[tuple[str, str], int]] | None:
+    """The profiled run's actor rank count and each component's measured peak per phase (rank 0's); None when its
+    spans carry no memory (a run on CPU devices). ConfigError naming `plan.profile` for one that cannot serve."""
+    try:
+        profile = load_profile(folder, FAMILY, task)
+        peaks = phase_peaks((profile.folder / TIMELINE_FILE).read_text(), [phase for phase, _ in PHASES])
+        ranks = len(profile.data["placement"]["components"]["actor"])
+    except ProfileError as err:
+        raise ConfigError(str(err)) from None
+    except DAMAGED as err:
+        raise ConfigError(f"plan.profile = {folder!r}: the profile is incomplete ({describe(err)}){VALID}") from None
+    return (ranks, peaks) if peaks else None
+
+
+def _calibrated(name: str, usage: Usage, profiled: Usage, measured: dict[tuple[str, str], int]) -> Usage:
+    """`usage` scaled, phase by phase, by the profiled run's measured peak over its prediction; a phase it did not
+    measure, and the resident bytes, by the mean of those ratios."""
+    ratios = {
+        phase: measured[name, phase] / profiled.in_phase(phase)
+        for phase, _ in PHASES
+        if (name, phase) in measured and profiled.in_phase(phase)
+    }
+    if not ratios:
+        return usage
+    mean = sum(ratios.values()) / len(ratios)
+    working = {phase: round(usage.in_phase(phase) * ratios.get(phase, mean)) for phase, _ in PHASES}
+    return Usage(round(usage.resident * mean), working)
 
 
 def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement, source: PromptSource) -> None:
