@@ -165,8 +165,10 @@ class Cluster:
 
     def replace(self, placements: Sequence[Placement]) -> None:
         """Make room for a new set of worker processes in the same Ray session (a running job re-placed): stop every
-        group, give the devices back, and reserve anew, for `placements`, at the next launch. The rendezvous starts
-        afresh too, so the new groups' names are free. ClusterError if the new processes overload the nodes."""
+        group and share the devices out anew, for `placements`, at the next launch. The reservation is the whole
+        cluster's devices, whatever runs on them, so it is kept: no other run can take the devices between the old
+        groups and the new, and the switch never waits for them. The rendezvous starts afresh, so the new groups'
+        names are free. ClusterError if the new processes overload the nodes."""
         self._check_load(self._device_cores, Counter(p.node_rank for p in placements))
         terminate_groups(self._groups)
         self._groups = []
@@ -174,9 +176,6 @@ class Cluster:
             ray.kill(self._rendezvous)
             self._rendezvous = None
         self.rendezvous_name = f"rlplace.rendezvous.{uuid.uuid4().hex[:8]}"
-        if self._reservation is not None:
-            self._reservation.release()
-            self._reservation = None
         self._processes_per_device = Counter(p.devices[0] for p in placements if p.devices)
 
     def add_group(self, group: WorkerGroup) -> None:
