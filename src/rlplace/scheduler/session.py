@@ -55,6 +55,9 @@ def start_local_ray(cfg: ClusterConfig) -> None:
             namespace=cfg.namespace or f"rlplace-{uuid.uuid4().hex[:8]}",
             logging_level=logging.ERROR,
             _node_ip_address="127.0.0.1",
+            # Ray starts an idle Python worker per CPU for the first driver, for tasks. A run's workers are actors
+            # with environments of their own, which never take those; their start-up only competes with the run's.
+            _system_config={"prestart_worker_first_driver": False},
         )
     except Exception as error:
         raise ClusterError(f"could not start an embedded local Ray: {error}") from error
