@@ -117,6 +117,22 @@ def test_a_sweep_that_profiled_is_predicted_from_its_least_contended_job(tmp_pat
     assert "| predicted s | error |" in report and f"from the profile of {jobs[1]}" in report
 
 
+def test_an_adaptive_run_is_compared_with_a_fixed_one_on_its_whole_run(tmp_path: Path) -> None:
+    """A job re-placed while it ran (`runner.replan_interval`, `runner.replace_at`) medians over its placements: the
+    report names its moves and adds *run s*, every step and switch, to compare it with a fixed placement."""
+    fake_job(tmp_path / "0", "hybrid", [1.0] * 6)
+    adaptive = fake_job(tmp_path / "1", "hybrid", [1.0] * 6)
+    info = json.loads((adaptive / "run.json").read_text())
+    moved = [{"step": 2, "to": "disaggregated", "seconds": 3.5}]
+    (adaptive / "run.json").write_text(json.dumps({**info, "replaced": moved}))
+    results = collect(tmp_path)
+    assert [r.run_s for r in results] == [pytest.approx(6.0), pytest.approx(9.5)]  # 6 steps of 1 s, and the switch
+    assert results[1].title == "hybrid, 2 stages, re-placed after step 2"
+    report = write_report(tmp_path).read_text()
+    assert "| step s | run s |" in report and "| hybrid (re-placed) |" in report
+    assert "- job 1 (1): re-placed after step 2 (disaggregated, 3.5 s): its medians mix its placements" in report
+
+
 def test_recommendation_says_when_it_has_nothing_or_little_to_go_on(tmp_path: Path) -> None:
     one = read_job(fake_job(tmp_path / "0", "hybrid", [1.0, 1.0, 1300]))
     assert recommendation([one]).endswith("it is the only job that ran: nothing to compare it with")

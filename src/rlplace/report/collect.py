@@ -88,6 +88,11 @@ class JobResult:
     """The planner's step time for this job (`predicted_step`), if the sweep had a profile."""
     predicted_from: str | None = None
     """The run folder of that profile."""
+    replaced: list[dict[str, Any]] = field(default_factory=list)
+    """The run's re-placements (run.json's `replaced`: step, where to, seconds), in order."""
+    run_s: float = math.nan
+    """Seconds from the first step's start to the last step's end: every step and every switch. An adaptive run
+    (re-placed while it ran) compares with a fixed one on this, its medians mixing its placements."""
 
     @property
     def prediction_error(self) -> float:
@@ -98,9 +103,12 @@ class JobResult:
 
     @property
     def title(self) -> str:
-        """The job as a reader names it: "hybrid, 2 stages", "hybrid, 2 stages, K=1"."""
+        """The job as a reader names it: "hybrid, 2 stages", "hybrid, 2 stages, K=1", "hybrid, 2 stages, re-placed
+        after step 5" (an adaptive run: where it started)."""
         title = f"{self.mode}, {self.stages} stage{'s' if self.stages > 1 else ''}"
-        return f"{title}, K={self.staleness}" if self.staleness else title
+        title = f"{title}, K={self.staleness}" if self.staleness else title
+        moves = ", ".join(str(r["step"]) for r in self.replaced)
+        return f"{title}, re-placed after step {moves}" if moves else title
 
     @property
     def unit(self) -> str:
@@ -198,7 +206,9 @@ def read_job(path: Path, keys: set[str] = frozenset(), profile: Path | None = No
     info = _run_info(path)
     result.mode, result.stages, result.devices = info["mode"], info.get("stages", 1), int(info["num_devices"])
     result.staleness = info.get("staleness", 0)
+    result.replaced = list(info.get("replaced", []))
     rows = _rows(path)
+    result.run_s = sum(row.get("time/step", 0.0) for row in rows) + sum(r["seconds"] for r in result.replaced)
     # The last K steps of an asynchronous run (runner.max_staleness = K) generate nothing: no throughput to count.
     generating = [i for i, row in enumerate(rows) if "time/generate_rollouts" in row]
     result.warmup = WARMUP_STEPS if any(i >= WARMUP_STEPS for i in generating) else 0

@@ -58,9 +58,10 @@ def columns(results: list[JobResult]) -> list[Column]:
     ran = [r for r in results if not r.skipped]
     unit = ran[0].unit if ran else "env steps"
     stages = [key for key in STAGES if any(key in r.medians for r in ran)]
+    adaptive = any(r.replaced for r in ran)
     return [
         ("job", lambda r: r.job),
-        ("mode", lambda r: r.mode),
+        ("mode", lambda r: r.mode + (" (re-placed)" if r.replaced else "")),
         ("stages", lambda r: str(r.stages)),
         ("K", lambda r: str(r.staleness)),
         ("devices", lambda r: str(r.devices)),
@@ -72,6 +73,7 @@ def columns(results: list[JobResult]) -> list[Column]:
         ("per device/s", lambda r: _number(r.per_device)),
         ("per device-hour", lambda r: _count(r.per_device * 3600)),
         ("step s", _seconds("time/step")),
+        *([("run s", lambda r: _number(r.run_s, ".1f"))] if adaptive else []),
         *(
             [
                 ("predicted s", lambda r: "-" if r.predicted_step is None else f"{r.predicted_step:.3f}"),
@@ -179,6 +181,13 @@ def make_report(multirun_dir: Path, console: Console | None = None) -> Report:
         ]
     advice = recommendation(ran)
     notes = [f"- job {r.job} ({r.label}): {r.note}" for r in ran if r.note]
+    notes += [
+        f"- job {r.job} ({r.label}): re-placed after step "
+        + ", ".join(f"{m['step']} ({m['to']}, {m['seconds']:.1f} s)" for m in r.replaced)
+        + ": its medians mix its placements; *run s* (every step and switch) compares it with a fixed placement"
+        for r in ran
+        if r.replaced
+    ]
     text = [
         f"# Placement sweep: {multirun_dir}",
         "",
