@@ -29,9 +29,8 @@ What the profile cannot say is an assumption, listed with each prediction.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +41,9 @@ from rlplace.embodied.config import COMPONENTS, FAMILY, EmbodiedConfig
 from rlplace.embodied.phases import PHASES
 from rlplace.placement import ComponentPlacement, PlacementError
 from rlplace.placement.cores import device_cores
-from rlplace.planner import PROFILE_FILE, Profile, ProfileError, Resources, Work, busiest, load_profile
+from rlplace.planner import Prediction, Profile, ProfileError, Resources, Work, busiest
 from rlplace.planner.layout import component_devices, process_resources
-from rlplace.planner.profile import DAMAGED, VALID, describe
+from rlplace.planner.profile import load_model as planner_load_model
 from rlplace.scheduler.limits import SMALL_BYTES
 
 DEFAULT_AVERAGE_S = 0.25e-3
@@ -114,22 +113,6 @@ class Layout:
     def overlap(self) -> bool:
         """Whether the actor's devices are its own, so an asynchronous step trains beside generation."""
         return not self.devices["actor"] & (self.devices["env"] | self.devices["rollout"])
-
-
-@dataclass(frozen=True)
-class Prediction:
-    step_s: float
-    phases: dict[str, float]
-    env_steps_per_s: float
-    assumptions: tuple[str, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step_s": self.step_s,
-            "phases": self.phases,
-            "throughput": {"env_steps_per_s": self.env_steps_per_s},
-            "assumptions": list(self.assumptions),
-        }
 
 
 class StepModel:
@@ -219,7 +202,8 @@ class StepModel:
             assumptions.append(
                 f"profiled on {self.device_type} devices: each process off cpu devices finds a core of its own"
             )
-        return Prediction(step, phases, shape.total_num_envs * shape.num_steps / step, tuple(assumptions))
+        rate = shape.total_num_envs * shape.num_steps / step
+        return Prediction(step, phases, {"env_steps_per_s": rate}, tuple(assumptions))
 
     def _generation_work(self, shape: Shape, layout: Layout, hop: float) -> tuple[list[Work], float]:
         """Each generation process's busy seconds in one env step, uncontended, and one stream's round trip."""
@@ -358,27 +342,8 @@ class Ranked:
 
 
 def load_model(profile_dir: str | Path, env_id: str) -> StepModel:
-    """The step model of the profile in `profile_dir`, for runs of `env_id` (ProfileError if it cannot serve them,
-    also when its files parse but lack what the model reads: a profile is input, perhaps hand-made or cut short).
-
-    Read once per process while profile.json stays as it is: resolving a run, its search and each of its re-plans
-    (`runner.replan_interval`) ask for the same model."""
-    try:
-        stamp = (Path(profile_dir) / PROFILE_FILE).stat().st_mtime_ns
-    except OSError:
-        stamp = None  # `load_profile` names what is missing
-    return _load_model(str(profile_dir), env_id, stamp)
-
-
-@functools.lru_cache(maxsize=8)
-def _load_model(profile_dir: str, env_id: str, stamp: int | None) -> StepModel:
-    profile = load_profile(profile_dir, FAMILY, env_id)
-    try:
-        return StepModel(profile)
-    except DAMAGED as err:
-        raise ProfileError(
-            f"plan.profile = {profile_dir!r}: the profile is incomplete ({describe(err)}){VALID}"
-        ) from err
+    """The step model of the profile in `profile_dir`, for runs of `env_id` (`planner.profile.load_model`)."""
+    return planner_load_model(StepModel, profile_dir, FAMILY, env_id)
 
 
 def predict_run(model: StepModel, cfg: EmbodiedConfig, placement: ComponentPlacement) -> Prediction:

@@ -7,6 +7,17 @@ candidate placements are scored in a second. Each task family turns these into i
 
 from .contention import Resources, Work, busiest
 from .curve import Curve
+from .prediction import Prediction
 from .profile import PROFILE_FILE, Profile, ProfileError, load_profile
 
-__all__ = ["PROFILE_FILE", "Curve", "Profile", "ProfileError", "Resources", "Work", "busiest", "load_profile"]
+__all__ = [
+    "PROFILE_FILE",
+    "Curve",
+    "Prediction",
+    "Profile",
+    "ProfileError",
+    "Resources",
+    "Work",
+    "busiest",
+    "load_profile",
+]

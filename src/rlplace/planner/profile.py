@@ -5,6 +5,7 @@ times the run itself recorded (metrics.jsonl, timeline.json), which calibrate wh
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import statistics
 from collections import defaultdict
@@ -146,3 +147,28 @@ def _generation_timing(text: str) -> tuple[float, dict[str, float]]:
 def _rank0_group(event: dict[str, Any]) -> str | None:
     args = event.get("args", {})
     return args.get("group") if args.get("rank") == 0 else None
+
+
+def load_model(build: Callable[[Profile], T], folder: str | Path, family: str, task: str) -> T:
+    """A family's step model, `build` over the profile in `folder`; ProfileError if the profile cannot serve a
+    `family` run of `task`, also when its files parse but lack what `build` reads (a profile is input, perhaps
+    hand-made or cut short).
+
+    Built once per process while profile.json stays as it is: resolving a run, its search and each of its re-plans
+    (`runner.replan_interval`) ask for the same model."""
+    try:
+        stamp = (Path(folder) / PROFILE_FILE).stat().st_mtime_ns
+    except OSError:
+        stamp = None  # `load_profile` names what is missing
+    return _load_model(build, str(folder), family, task, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_model(build: Callable[[Profile], T], folder: str, family: str, task: str, stamp: int | None) -> T:
+    profile = load_profile(folder, family, task)
+    try:
+        return build(profile)
+    except ProfileError:
+        raise
+    except DAMAGED as err:
+        raise ProfileError(f"plan.profile = {folder!r}: the profile is incomplete ({describe(err)}){VALID}") from err

@@ -21,11 +21,10 @@ What the profile cannot say is an assumption, listed with each prediction.
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +32,10 @@ from rlplace.core.errors import ConfigError
 from rlplace.core.schedule import switch_plan
 from rlplace.placement import ComponentPlacement, PlacementError
 from rlplace.placement.cores import device_cores
-from rlplace.planner import PROFILE_FILE, Curve, ProfileError, Resources, Work, busiest, load_profile
+from rlplace.planner import Curve, Prediction, Profile, ProfileError, Resources, Work, busiest
 from rlplace.planner.layout import component_devices, process_resources
-from rlplace.planner.profile import DAMAGED, TIMELINE_FILE, VALID, describe
+from rlplace.planner.profile import TIMELINE_FILE
+from rlplace.planner.profile import load_model as planner_load_model
 from rlplace.planner.spans import alone_work, rank_seconds
 from rlplace.reasoning.checks import check_reasoning
 from rlplace.reasoning.config import COMPONENTS, FAMILY, ReasoningConfig
@@ -69,33 +69,16 @@ class Layout:
         return len({self.devices[name] for name in COMPONENTS}) > 1
 
 
-@dataclass(frozen=True)
-class Prediction:
-    step_s: float
-    phases: dict[str, float]
-    tokens_per_s: float
-    assumptions: tuple[str, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step_s": self.step_s,
-            "phases": self.phases,
-            "throughput": {"tokens_per_s": self.tokens_per_s},
-            "assumptions": list(self.assumptions),
-        }
-
-
 class StepModel:
     """Predicts reasoning step times from one profiled run, calibrated so that it reproduces that run."""
 
-    def __init__(self, folder: str | Path, task: str) -> None:
-        profile = load_profile(folder, FAMILY, task)
+    def __init__(self, profile: Profile) -> None:
         self.config: dict[str, Any] = profile.config
         self.device_type: str = profile.data["device_type"]
         self.cores = {int(d): tuple(c) for d, c in profile.data["devices"].items()}
         self.node_cores = {int(n): tuple(c) for n, c in profile.data.get("node_cores", {}).items()}
         names = [*UNIT_SPANS.values(), *TRAINING_SPANS]
-        timeline = (Path(folder) / TIMELINE_FILE).read_text()
+        timeline = (profile.folder / TIMELINE_FILE).read_text()
         work = alone_work(timeline, self.cores, names)
         own = self.layout(profile.data["placement"], self.cores)
         self.unit = {
@@ -234,7 +217,7 @@ class StepModel:
         step = phases["sync_weights"] + switches + work + self.overhead
         assumptions.append("an actor rank's passes and optimizer steps cost what they cost timed after the run")
         tokens = self.response_tokens * scale
-        return Prediction(step, phases, tokens / step, tuple(assumptions))
+        return Prediction(step, phases, {"tokens_per_s": tokens / step}, tuple(assumptions))
 
 
 def _micro_batches(run: Mapping[str, Any]) -> int:
@@ -384,26 +367,8 @@ def search(cfg: ReasoningConfig, model: StepModel) -> list[Ranked]:
 
 
 def load_model(profile_dir: str | Path, task: str) -> StepModel:
-    """The step model of the profile in `profile_dir`, for runs of `task` (ProfileError if it cannot serve them,
-    also when its files parse but lack what the model reads). Read once per process while profile.json stays as
-    it is."""
-    try:
-        stamp = (Path(profile_dir) / PROFILE_FILE).stat().st_mtime_ns
-    except OSError:
-        stamp = None  # `load_profile` names what is missing
-    return _load_model(str(profile_dir), task, stamp)
-
-
-@functools.lru_cache(maxsize=8)
-def _load_model(profile_dir: str, task: str, stamp: int | None) -> StepModel:
-    try:
-        return StepModel(profile_dir, task)
-    except ProfileError:
-        raise
-    except DAMAGED as err:
-        raise ProfileError(
-            f"plan.profile = {profile_dir!r}: the profile is incomplete ({describe(err)}){VALID}"
-        ) from err
+    """The step model of the profile in `profile_dir`, for runs of `task` (`planner.profile.load_model`)."""
+    return planner_load_model(StepModel, profile_dir, FAMILY, task)
 
 
 def choose(cfg: ReasoningConfig) -> tuple[ReasoningConfig, list[Ranked]]:
