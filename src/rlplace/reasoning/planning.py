@@ -2,19 +2,23 @@
 run.
 
 A step is the weight sync, the phase switches (offload/onload), generation (rollout -> reward -> inference ->
-actor, micro-batch by micro-batch), advantages and training. The units come from the profiled run's timeline
-(`reasoning.profile`): one micro-batch of each generating stage, and the actor's update, each as its ranks would
-have needed it alone (`planner.spans` takes out what processes sharing cores cost one another). A stage of R ranks
-generates M micro-batches a step, M / R per rank; the actor's update splits over its ranks.
+actor, micro-batch by micro-batch), advantages and training. The generating units come from the profiled run's
+timeline (`reasoning.profile`): one micro-batch of each stage, as its ranks would have needed it alone
+(`planner.spans` takes out what processes sharing cores cost one another). A stage of R ranks generates M / R of a
+step's M micro-batches per rank.
 
-Collocated, the stages take turns: generation is each stage's busiest resource in turn. Apart, the stages run at
-once and micro-batches stream through them: generation is the slowest stage's share plus one micro-batch of each of
-the others (filling and draining the pipeline), or the busiest resource serving every stage's work, whichever is
-longer. Training is the busiest resource serving the actor ranks. With `max_staleness` >= 1 and the actor on devices
-of its own, training runs beside the next step's generation: as long as the longer, or as the busiest resource
-needs for both. The weight sync costs the profiled run's per receiving rank; a phase switch the profiled run's; what
-the profiled step leaves unexplained (the driver's calls, hand-offs) is added to every step, so that the model
-reproduces the profiled run.
+Collocated, the stages take turns: generation is each stage's busiest resource in turn, plus one round of the
+driver's calls per stage. Apart, the stages run at once and micro-batches stream through them: generation is the
+slowest stage's share plus one micro-batch of each of the others (filling and draining the pipeline), or the busiest
+resource serving every stage's work, whichever is longer, plus one round of calls. Training is the busiest resource
+serving the actor ranks: each rank's passes over its share of the rows and its optimizer steps, from the passes the
+profile timed at several row counts, plus the per-rank overhead the profiled loop showed; with `max_staleness` >= 1 a
+forward pass over the rank's batch for the proximal log-probs, and, with the actor on devices of its own, training
+beside the next step's generation: as long as the longer, or as the busiest resource needs for both. The weight sync
+costs the profiled run's, scaled where the new placement puts a receiving rank on the sender's cores and the
+profiled one did not (or the other way round) by how much faster the profiled run's ranks off the sender's cores
+took the weights; a phase switch costs the profiled run's. What the profiled step leaves unexplained is added to
+every step, so that the model reproduces the profiled run.
 
 What the profile cannot say is an assumption, listed with each prediction.
 """
@@ -85,7 +89,6 @@ class StepModel:
             name: work.get((name, span), 0.0) / _micro_batches(self.config) for name, span in UNIT_SPANS.items()
         }
         """Seconds of one micro-batch of each stage, alone."""
-        self.advantages = 0.0
         # The passes were timed with every actor rank busy at once: a rank sharing its core ran at that share.
         sharers = max(_sharers(own.processes["actor"]), 1)
         actor = profile.data["actor"]
@@ -110,7 +113,6 @@ class StepModel:
         self.remote_over_local = statistics.median(remote) / statistics.median(local) if local and remote else None
         """How much faster a rank takes the weights from a sender on other cores than from one on its own (hand-offs
         between processes of one core wait for it to switch between them), where the profiled run had both."""
-        self.call_s = 0.0
         self.call_s = (profile.phases["generate_rollouts"] - self._generation(self.config, own)) / _call_rounds(own)
         """Seconds of starting and collecting one round of stage calls (the driver's side of generation)."""
         self.switch_count = _switch_count(own, self.config["offload"])
@@ -250,10 +252,6 @@ def _switch_count(layout: Layout, offloadable: Mapping[str, bool]) -> int:
     """Offload and onload calls per step: each group in each phase's switch."""
     plan = switch_plan(PHASES, layout.devices, {name: bool(offloadable.get(name)) for name in COMPONENTS})
     return sum(len(s.offload) + len(s.onload) for s in plan.values())
-
-
-def offloadable(cfg: ReasoningConfig) -> dict[str, bool]:
-    return cfg.offloadable
 
 
 def cluster_cores(model: StepModel, cfg: ReasoningConfig) -> dict[int, tuple[int, ...]]:

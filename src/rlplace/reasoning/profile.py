@@ -12,8 +12,8 @@ ranks at once (their passes are collective).
 
 profile.json: {"family", "task", "device_type", "devices": {device: [cpu cores]} (empty lists on gpu clusters),
 "node_cores": {node: [cpu cores]}, "placement": ComponentPlacement.to_dict(), "config": {the fields that size a
-step's work and decide its phases}, "actor": {"sizes": [rows, ...], "seconds": [s, ...], "optimizer_step": s} (the
-slowest rank's), "row_tokens": prompt and response tokens of a row, on average}.
+step's work and decide its phases}, "actor": {"sizes": [rows, ...], "seconds": [s, ...], "optimizer_step": s (the
+slowest rank's), "row_tokens": a row's prompt and response tokens, on average}}.
 """
 
 from __future__ import annotations

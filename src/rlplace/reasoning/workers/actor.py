@@ -19,6 +19,7 @@ from __future__ import annotations
 import shutil
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -172,12 +173,13 @@ class LLMActorWorker(Worker):
         stats["async/staleness"] = float(step - self.batch.version)
         return stats
 
-    def profile_passes(self, sizes: list[int], repeats: int = PROFILE_REPEATS) -> dict[str, list[float]]:
+    def profile_passes(self, sizes: list[int], repeats: int = PROFILE_REPEATS) -> dict[str, Any]:
         """After the run (`runner.profile`): median seconds of one training pass of the policy (forward and backward,
-        with the gradient reduction a minibatch's last pass makes) over n rows of this rank's last batch, for each n
-        in `sizes` (its rows repeated where n is more), and of one optimizer step; and its rows' mean tokens. Every
-        rank calls it at once, with the same sizes and repeats: the passes and steps of several ranks are
-        collective. It changes the weights; the final model and the checkpoints are written before."""
+        as a minibatch's last pass runs it, reducing the gradients where the strategy does that in the backward pass)
+        over n rows of this rank's last batch, for each n in `sizes` (its rows repeated where n is more), and of one
+        optimizer step; and its rows' mean tokens. Every rank calls it at once, with the same sizes and repeats: the
+        passes and steps of several ranks are collective. It changes the weights; the final model and the
+        checkpoints are written before."""
         assert self.batch is not None, "the run must have trained"
         batch = self.batch
         width = batch.prompts.shape[1]
