@@ -98,14 +98,14 @@ def train(
             if plan.ranking is not None:
                 info["auto"] = {"overrides": plan.ranking[0].overrides, "predicted_step_s": plan.prediction.step_s}
             (run_dir / RUN_INFO).write_text(json.dumps(info))
-            timeline, switch, switched, replaced = None, None, 0.0, []
+            timeline, switch, switched, replaced, carried = None, None, 0.0, [], None
             while True:  # one pass per placement the run goes through (`runner.replace_at`, `replan_interval`)
                 current = schedule.current
                 starting = launcher.start(current.cfg, cluster)  # the workers start, and meanwhile the logger
                 if logger is None:
                     logger = run_logger(plan, run_dir, resolved_config, labels, resume)
                 predicted = None if current.prediction is None else current.prediction.step_s
-                context = RunContext(run_dir, logger, history, predicted_step_s=predicted, timeline=timeline)
+                context = RunContext(run_dir, logger, history, predicted, timeline, carried)
                 runner = launcher.runner(current.cfg, starting, context)
                 with runner.serving():
                     runner.init_workers()
@@ -121,7 +121,7 @@ def train(
                     (run_dir / RUN_INFO).write_text(json.dumps(info))
                 if final is not None:  # the last step is done, or the run stopped early
                     break
-                switch, switched = schedule.take(), runner.switch_started
+                switch, switched, carried = schedule.take(), runner.switch_started, runner.carry()
                 following = switch.plan.cfg
                 following.runner.resume = str(checkpoint.resolve_resume("auto", run_dir / checkpoint.FOLDER))
                 launcher.check_checkpoint(following, Path(following.runner.resume))

@@ -341,6 +341,10 @@ def test_async_training_resumes_exactly_under_another_placement(shared_ray: None
             assert row.get(key) == full.get(key), (row["step"], key)
     (replaced,) = json.loads((tmp_path / "switched" / RUN_INFO).read_text())["replaced"]
     assert (replaced["step"], replaced["to"]) == (2, "one_device") and replaced["seconds"] > 0
+    # The run's rate covers the whole run: every env step over the loop's time in both placements and the switch.
+    rate = json.loads((tmp_path / "switched" / "summary.json").read_text())["run/env_steps_per_s"]
+    seconds = sum(row["time/step"] for row in switched) + replaced["seconds"]
+    assert max(row.get("env/total_steps", 0) for row in switched) / rate >= 0.99 * seconds
     trace = json.loads((tmp_path / "switched" / "timeline.json").read_text())["traceEvents"]
     assert [e["name"] for e in trace if e.get("ph") == "X" and e["name"] == "replace"] == ["replace"]
     assert {e["name"] for e in trace if e.get("ph") == "X" and e["args"]["group"] == "actor"} >= {"training"}

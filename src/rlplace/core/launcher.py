@@ -17,6 +17,17 @@ if TYPE_CHECKING:  # the interface must import neither Ray nor torch: the CLIs c
     from rlplace.scheduler import Cluster
 
 
+@dataclass(frozen=True)
+class Carried:
+    """What a re-placed run's runner hands the runner of its next placement, so that the run's final rates cover
+    the whole run, switches included, not its last placement alone (`Runner.carry`)."""
+
+    loop_start: float
+    """`time.perf_counter()` when the run's first placement started its loop."""
+    counters: dict[str, float]
+    """The family's counters of the run so far (env steps before the loop, tokens, evaluation seconds)."""
+
+
 @dataclass
 class RunContext:
     """What the driver gives a family's runner: where the run writes, and what it logs to."""
@@ -29,6 +40,8 @@ class RunContext:
     """The planner's prediction of this run's step time (`plan.profile` given): each step logs it and its error."""
     timeline: Timeline | None = None
     """The run's timeline so far, when the runner takes over a re-placed run (`runner.replace_at`); None: a new one."""
+    carried: Carried | None = None
+    """What the runner of the run's previous placement handed on (`Runner.carry`); None: the run's first."""
 
 
 class Launcher(Protocol):

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from rlplace.core import checkpoint, preemption
 from rlplace.core.config import RunConfig
-from rlplace.core.launcher import RunContext
+from rlplace.core.launcher import Carried, RunContext
 from rlplace.core.schedule import AsyncSchedule, Phases, switch_plan
 from rlplace.core.watchdog import HangDeadline
 from rlplace.metrics import PhaseTimer, Timeline, TrainingProgress
@@ -100,6 +100,7 @@ class Runner(ABC, Generic[C, G, A, T]):
         self.placement, self.identity = placement, identity
         self.run_dir, self.logger, self.history = context.run_dir, context.logger, context.history
         self.predicted_step_s = context.predicted_step_s
+        self.carried = context.carried
         self.timer = PhaseTimer()
         self.timeline = placement_timeline(placement, list(groups), context.timeline)
         self.switcher = PhaseSwitcher(self.groups, placement, phases, offloadable, self.timer)
@@ -113,6 +114,8 @@ class Runner(ABC, Generic[C, G, A, T]):
         time/training (the driver cannot time a phase it does not wait on alone)."""
         self.switch_started = 0.0
         """When `run` stopped for a re-placement (unix seconds): the switch's cost counts from here."""
+        self.loop_start = 0.0
+        """`time.perf_counter()` when the run's loop started: in its first placement, for a re-placed run."""
 
     # --- what a family supplies ---------------------------------------------------------------------------------
 
@@ -165,7 +168,8 @@ class Runner(ABC, Generic[C, G, A, T]):
 
     @abstractmethod
     def finish(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
-        """The run's final metrics (`run/*` and the family's), from the last step's and the loop's wall seconds."""
+        """The run's final metrics (`run/*` and the family's), from the last step's and the loop's wall seconds (from
+        the loop's start in the run's first placement, for a re-placed run)."""
 
     def progress(self) -> TrainingProgress:
         return TrainingProgress(self.cfg.runner.max_steps)
@@ -206,7 +210,7 @@ class Runner(ABC, Generic[C, G, A, T]):
         cfg = self.cfg.runner
         metrics: dict[str, float] = {}
         self.before_run()
-        start = time.perf_counter()
+        self.loop_start = time.perf_counter() if self.carried is None else self.carried.loop_start
         with self.open_channels() as channels, self.progress() as progress:
             progress.update(self.start_step)
             for step in range(self.start_step, cfg.max_steps):
@@ -235,9 +239,17 @@ class Runner(ABC, Generic[C, G, A, T]):
                     return None
                 if done:
                     break
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - self.loop_start
         self.timeline.write(self.run_dir / TIMELINE_FILE)
         return self.finish(metrics, seconds)
+
+    def carry(self) -> Carried:
+        """For the runner of the run's next placement (after `run` stopped for a re-placement)."""
+        return Carried(self.loop_start, self.counters())
+
+    def counters(self) -> dict[str, float]:
+        """The family's counters that its final rates count from (`Carried.counters`); none by default."""
+        return {}
 
     def step(self, step: int, channels: C) -> dict[str, float]:
         """One training step, with K = runner.max_staleness.

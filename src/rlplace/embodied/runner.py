@@ -198,7 +198,12 @@ class EmbodiedRunner(Runner[Channels, Generated, None, dict[str, float]]):
     # --- around the steps ---------------------------------------------------------------------------------------
 
     def before_run(self) -> None:
-        self.steps_before = self.total_env_steps
+        """The env steps the run's rate counts from: where this process's run began (a re-placed run's first
+        placement)."""
+        self.steps_before = self.total_env_steps if self.carried is None else int(self.carried.counters["steps_before"])
+
+    def counters(self) -> dict[str, float]:
+        return {"steps_before": self.steps_before}
 
     def should_stop(self) -> bool:
         stop = self.cfg.task.solved_return

@@ -94,9 +94,10 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         """Stages on separate devices run at once; collocated stages take turns."""
         self.accuracy: list[tuple[int, float]] = []
         """(step, greedy held-out accuracy) at every evaluation."""
-        self.eval_seconds = 0.0
+        counters = {} if self.carried is None else self.carried.counters  # a re-placed run's so far
+        self.eval_seconds = counters.get("eval_seconds", 0.0)
         """Seconds the loop spent evaluating, left out of its training time."""
-        self.tokens = 0.0
+        self.tokens = counters.get("tokens", 0.0)
         """Response tokens trained on by this process's loop."""
         self.version = 0
         """The actor's weight version (its updates so far); the rollout and inference groups hold it after a sync."""
@@ -204,6 +205,9 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         self.tokens += metrics["rollout/response_tokens"]
         if (step + 1) % self.cfg.runner.eval_interval == 0 or last:
             metrics["eval/accuracy"] = self.evaluate(step + 1)
+
+    def counters(self) -> dict[str, float]:
+        return {"tokens": self.tokens, "eval_seconds": self.eval_seconds}
 
     def finish(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
         """The last step's metrics, tokens/s over the training time (evaluations left out), the accuracy before
