@@ -221,9 +221,10 @@ class RunnerConfig:
     the seed and K, never on placement or timing. 0 is the synchronous loop; K >= 1 lets generation run K steps
     ahead of training, overlapping it where the actor has devices of its own (both task families)."""
     profile: bool = False
-    """After the last step (and its checkpoint), time each component's unit of work at several sizes, one component
-    at a time on an otherwise idle cluster, into the run folder's profile.json: the measured costs from which
-    `rlplace-plan plan.profile=<run folder>` predicts the step time of other placements (embodied tasks)."""
+    """After the last step (and its checkpoint), write the run folder's profile.json: the measured costs from which
+    `rlplace-plan plan.profile=<run folder>` predicts the step time of other placements. Embodied runs time each
+    component's unit of work at several sizes, one component at a time on an otherwise idle cluster; reasoning runs
+    read their units from the timeline and time the actor's passes at several sizes (`reasoning.profile`)."""
     replace_at: list[str] = field(default_factory=list)
     """Re-place the running job: `STEP:PRESET` entries (`'runner.replace_at=[4:disaggregated]'`). After STEP steps
     the run checkpoints, stops its workers, reserves the placement preset's devices in the same Ray session, starts
