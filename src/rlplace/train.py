@@ -354,7 +354,7 @@ def profile_first(composed: DictConfig, argv: list[str]) -> list[str]:
     kept = [arg for arg in argv if not arg.startswith(dropped)]
     print(  # before Hydra sets up logging
         f"rlplace: placement=auto without plan.profile: profiling {PROFILE_STEPS} steps of the {placement} placement "
-        f"first (its start-up, the steps, then each component timed alone), into {folder}",
+        f"first (its start-up, the steps, then the profile), into {folder}",
         file=sys.stderr,
     )
     profiled = [f"placement={placement}", f"runner.max_steps={PROFILE_STEPS}", "runner.profile=true"]
