@@ -326,7 +326,7 @@ _PROFILING_S = [0.0]
 """Seconds this process spent on `profile_first`'s run, which the run's own start-up does not include."""
 PROFILE_STEPS = 6
 """Steps of the profiling run that `placement=auto` without `plan.profile` starts first: the warm-up steps, then
-enough measured ones for the run's own times, then each component's unit of work timed alone."""
+enough measured ones for the run's own times (the profile itself is written after them)."""
 
 
 def profile_first(composed: DictConfig, argv: list[str]) -> list[str]:
