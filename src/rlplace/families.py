@@ -50,14 +50,14 @@ class Family:
     launcher: Callable[[], Launcher]
     """Imports and returns the family's launcher (torch and the worker classes load then, not when configs are
     checked)."""
-    choose: Callable[[Any], tuple[Any, list[Any]]]
-    """`placement=auto`: the config placed as the planner's fastest candidate, and the ranking (objects with
-    `overrides` and `to_dict()`)."""
     predict: Callable[[Any, ComponentPlacement], Any]
     """With `plan.profile`: the prediction of the run as placed (an object with `step_s` and `to_dict()`), which
     rlplace-plan prints and each step of the run is checked against."""
     search: Callable[[Any], list[Any]]
-    """`plan.search` with `plan.profile`: every candidate of the run's cluster, fastest first (like `choose`'s)."""
+    """`plan.search` with `plan.profile`: every candidate of the run's cluster, fastest first (objects with
+    `max_staleness`, `prediction`, `overrides` and `to_dict()`); ProfileError when the profile cannot serve the run."""
+    place: Callable[[Any, Any], Any]
+    """The config placed as a candidate of `search` (`choose`)."""
     profile_placement: Callable[[int], str]
     """The placement preset a short profiling run takes on a cluster of that many devices (`placement=auto` without
     `plan.profile`): the one whose profile predicts the others best."""
@@ -112,9 +112,9 @@ FAMILIES = (
         embodied_config.EmbodiedConfig,
         embodied_checks.check_embodied,
         _embodied_launcher,
-        choose=embodied_planning.choose,
         predict=embodied_planning.predict_placed,
         search=embodied_planning.ranked,
+        place=embodied_planning.place,
         # Each component on devices of its own where there are enough: the least contended units.
         profile_placement=lambda devices: "disaggregated" if devices >= 4 else "hybrid",
     ),
@@ -123,9 +123,9 @@ FAMILIES = (
         reasoning_config.ReasoningConfig,
         reasoning_checks.check_reasoning,
         _reasoning_launcher,
-        choose=reasoning_planning.choose,
         predict=reasoning_planning.predict_placed,
         search=reasoning_planning.ranked,
+        place=reasoning_planning.place,
         # Two ranks a component, offloading and training apart: between the others in everything the model scales.
         profile_placement=lambda devices: "reasoning_hybrid" if devices >= 2 else "reasoning_collocated",
         own_sections=("reward", "actor"),
@@ -190,13 +190,29 @@ def family_of(cfg: DictConfig) -> Family:
     return family
 
 
+def choose(family: Family, cfg: Any) -> tuple[Any, list[Any]]:
+    """`placement=auto` (and a re-plan): the run placed as the fastest candidate of `plan.profile`'s search at the
+    run's own staleness (K changes what is trained, the placement does not), and the ranking it was chosen from.
+    ConfigError when the profile cannot serve the run or no candidate fits its cluster."""
+    try:
+        ranked = [r for r in family.search(cfg) if r.max_staleness == cfg.runner.max_staleness]
+    except ProfileError as err:
+        raise ConfigError(str(err)) from None
+    if not ranked:
+        raise ConfigError(
+            f"placement = 'auto': no placement of this run fits cluster.num_devices_per_node = "
+            f"{cfg.cluster.num_devices_per_node} x {cfg.cluster.num_nodes} node(s) (valid: a placement preset)"
+        )
+    return family.place(cfg, ranked[0]), ranked
+
+
 def resolve(cfg: DictConfig) -> Plan:
     """Turn a composed config into a checked plan; raises ConfigError or PlacementError naming key and value."""
     family = family_of(cfg)
     typed = to_typed(cfg, family.schema, family.name)
     ranking = None
     if typed.plan.auto:
-        typed, ranking = family.choose(typed)
+        typed, ranking = choose(family, typed)
     placement = HybridComponentPlacement(typed)
     family.check(typed, placement)
     if typed.runner.resume not in (None, *checkpoint.RESUME_AUTO):  # `auto` needs the run folder: `train` checks it

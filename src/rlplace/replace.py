@@ -22,7 +22,7 @@ from typing import Any
 
 from rlplace.cli import compose_config
 from rlplace.core.errors import ConfigError
-from rlplace.families import Plan, resolve
+from rlplace.families import Plan, choose, resolve
 from rlplace.placement import HybridComponentPlacement, PlacementError
 
 PLACEMENT_KEYS = ("placement=", "cluster.component_placement", "runner.replace_at=")
@@ -97,7 +97,7 @@ class Schedule:
     def _replan(self, steps: int, interval: int) -> Switch | None:
         cfg = self.current.cfg
         measured = statistics.median(row["time/step"] for row in self.history[-interval:])
-        chosen, ranking = self.current.family.choose(cfg)
+        chosen, ranking = choose(self.current.family, cfg)
         best = ranking[0]
         scale = measured / self.current.prediction.step_s  # the model's error on this run
         remaining = cfg.runner.max_steps - steps

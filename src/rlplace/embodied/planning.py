@@ -41,8 +41,9 @@ from rlplace.embodied.config import COMPONENTS, FAMILY, EmbodiedConfig
 from rlplace.embodied.phases import PHASES
 from rlplace.placement import ComponentPlacement, PlacementError
 from rlplace.placement.cores import device_cores
-from rlplace.planner import Prediction, Profile, ProfileError, Resources, Work, busiest
+from rlplace.planner import Prediction, Profile, Resources, Work, busiest
 from rlplace.planner.layout import component_devices, process_resources
+from rlplace.planner.prediction import switch_seconds
 from rlplace.planner.profile import load_model as planner_load_model
 from rlplace.scheduler.limits import SMALL_BYTES
 
@@ -175,12 +176,7 @@ class StepModel:
         generation = self._generation(shape, layout, self.hop_s)
         training = self._training(shape, layout, self.minibatch_s, assumptions)
         count = _switch_count(layout, offloadable)
-        if self.switch_count:
-            switches = self.switches_s / self.switch_count * count
-        else:
-            switches = DEFAULT_SWITCH_S * count
-            if count:
-                assumptions.append(f"phase switches {DEFAULT_SWITCH_S * 1e3:.0f} ms each (the profile had none)")
+        switches = switch_seconds(self.switches_s, self.switch_count, count, DEFAULT_SWITCH_S, assumptions)
         share = _samples_per_rank(shape, len(layout.processes["actor"])) / self.own_samples_per_rank
         advantages = self.fixed["advantages"] * share
         phases = {
@@ -365,29 +361,16 @@ def cluster_cores(model: StepModel, cfg: EmbodiedConfig) -> dict[int, tuple[int,
     return cpu_cores(model, cfg.cluster.num_nodes, cfg.cluster.num_devices_per_node)
 
 
-def choose(cfg: EmbodiedConfig) -> tuple[EmbodiedConfig, list[Ranked]]:
-    """`placement=auto`: the run placed and staged as the fastest candidate of `plan.profile`'s search at the run's
-    own staleness (K changes what is trained, the placement and stages do not), with the ranking it was chosen from.
-    ConfigError when the profile cannot serve the run or no candidate fits its cluster."""
-    try:
-        model = load_model(cfg.plan.profile, cfg.task.env_id)
-    except ProfileError as err:
-        raise ConfigError(str(err)) from None
-    ranked = [r for r in search(cfg, model) if r.max_staleness == cfg.runner.max_staleness]
-    if not ranked:
-        raise ConfigError(
-            f"placement = 'auto': no placement of this run fits cluster.num_devices_per_node = "
-            f"{cfg.cluster.num_devices_per_node} x {cfg.cluster.num_nodes} node(s) (valid: a placement preset)"
-        )
-    best = ranked[0]
-    chosen = replace(
+def place(cfg: EmbodiedConfig, best: Ranked) -> EmbodiedConfig:
+    """The run placed and staged as candidate `best` (`placement=auto`, a re-plan), with the offload switches of the
+    hybrid preset its override line names."""
+    return replace(
         cfg,
         cluster=replace(cfg.cluster, component_placement=dict(best.component_placement)),
         rollout=replace(cfg.rollout, pipeline_stage_num=best.stages, enable_offload=True),
-        env=replace(cfg.env, enable_offload=True),  # the offload switches of the hybrid preset its override line names
+        env=replace(cfg.env, enable_offload=True),
         actor=replace(cfg.actor, enable_offload=True),
     )
-    return chosen, ranked
 
 
 def ranked(cfg: EmbodiedConfig) -> list[Ranked]:

@@ -36,8 +36,9 @@ from rlplace.core.errors import ConfigError
 from rlplace.core.schedule import switch_plan
 from rlplace.placement import ComponentPlacement, PlacementError
 from rlplace.placement.cores import device_cores
-from rlplace.planner import Curve, Prediction, Profile, ProfileError, Resources, Work, busiest
+from rlplace.planner import Curve, Prediction, Profile, Resources, Work, busiest
 from rlplace.planner.layout import component_devices, process_resources
+from rlplace.planner.prediction import switch_seconds
 from rlplace.planner.profile import TIMELINE_FILE
 from rlplace.planner.profile import load_model as planner_load_model
 from rlplace.planner.spans import alone_work, rank_seconds
@@ -199,12 +200,7 @@ class StepModel:
         train_work: list[Work] = [(p, per_rank) for p in actors]
         training = busiest(train_work)
         count = _switch_count(layout, run["offload"])
-        if self.switch_count:
-            switches = self.switches_s / self.switch_count * count
-        else:
-            switches = DEFAULT_SWITCH_S * count
-            if count:
-                assumptions.append(f"phase switches {DEFAULT_SWITCH_S * 1e3:.0f} ms each (the profile had none)")
+        switches = switch_seconds(self.switches_s, self.switch_count, count, DEFAULT_SWITCH_S, assumptions)
         phases = {
             "sync_weights": self._sync(layout, assumptions),
             "switches": switches,
@@ -369,28 +365,14 @@ def load_model(profile_dir: str | Path, task: str) -> StepModel:
     return planner_load_model(StepModel, profile_dir, FAMILY, task)
 
 
-def choose(cfg: ReasoningConfig) -> tuple[ReasoningConfig, list[Ranked]]:
-    """`placement=auto`: the run placed as the fastest candidate of `plan.profile`'s search at the run's own
-    staleness (K changes what is trained, the placement does not), with the ranking it was chosen from. ConfigError
-    when the profile cannot serve the run or no candidate fits its cluster."""
-    try:
-        model = load_model(cfg.plan.profile, cfg.task.name)
-    except ProfileError as err:
-        raise ConfigError(str(err)) from None
-    ranked = [r for r in search(cfg, model) if r.max_staleness == cfg.runner.max_staleness]
-    if not ranked:
-        raise ConfigError(
-            f"placement = 'auto': no placement of this run fits cluster.num_devices_per_node = "
-            f"{cfg.cluster.num_devices_per_node} x {cfg.cluster.num_nodes} node(s) (valid: a placement preset)"
-        )
-    best = ranked[0]
-    chosen = replace(
+def place(cfg: ReasoningConfig, best: Ranked) -> ReasoningConfig:
+    """The run placed as candidate `best` (`placement=auto`, a re-plan), with its offload switches."""
+    return replace(
         cfg,
         cluster=replace(cfg.cluster, component_placement=dict(best.component_placement)),
         actor=replace(cfg.actor, enable_offload=best.offload["actor"]),
         rollout=replace(cfg.rollout, enable_offload=best.offload["rollout"]),
     )
-    return chosen, ranked
 
 
 def ranked(cfg: ReasoningConfig) -> list[Ranked]:
