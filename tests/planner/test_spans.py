@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rlplace.metrics.logger import WARMUP_STEPS
-from rlplace.planner.spans import alone_work
+from rlplace.planner.spans import Trace
 
 CORES = {0: [0], 1: [0], 2: [1]}
 """Devices 0 and 1 share core 0; device 2 has core 1."""
@@ -38,7 +38,7 @@ def timeline(*spans: tuple[str, str, int, int, float, float]) -> str:
 
 def test_two_processes_busy_on_one_core_each_needed_half_of_their_spans() -> None:
     text = timeline(("rollout_generate", "rollout", 0, 0, 0.0, 0.4), ("inference", "inference", 0, 1, 0.0, 0.4))
-    work = alone_work(text, CORES, ["rollout_generate", "inference"])
+    work = Trace(text).alone_work(CORES, ["rollout_generate", "inference"])
     assert work[("rollout", "rollout_generate")] == pytest.approx(0.2)
     assert work[("inference", "inference")] == pytest.approx(0.2)
 
@@ -49,7 +49,7 @@ def test_a_span_is_shared_only_while_another_process_is_busy_on_its_core() -> No
         ("inference", "inference", 0, 1, 0.0, 0.2),
         ("training", "actor", 0, 2, 0.0, 0.4),  # alone on core 1
     )
-    work = alone_work(text, CORES, ["rollout_generate", "inference", "training"])
+    work = Trace(text).alone_work(CORES, ["rollout_generate", "inference", "training"])
     assert work[("rollout", "rollout_generate")] == pytest.approx(0.1 + 0.2)
     assert work[("inference", "inference")] == pytest.approx(0.1)
     assert work[("actor", "training")] == pytest.approx(0.4)
@@ -65,5 +65,5 @@ def test_spans_of_every_rank_add_up_and_only_the_measured_steps_count() -> None:
         "args": {"group": "reward", "rank": 0, "devices": [2]},
     }
     events["traceEvents"].append(warm_up)  # in step 0: left out
-    work = alone_work(json.dumps(events), CORES, ["reward"])
+    work = Trace(json.dumps(events)).alone_work(CORES, ["reward"])
     assert work == {("reward", "reward"): pytest.approx(0.2)}

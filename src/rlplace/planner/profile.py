@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from rlplace.metrics.logger import METRICS_FILE, WARMUP_STEPS
 
 from .curve import Curve
+from .spans import Trace
 
 PROFILE_FILE = "profile.json"
 TIMELINE_FILE = "timeline.json"
@@ -49,6 +50,10 @@ class Profile:
     @property
     def config(self) -> dict[str, Any]:
         return self.data["config"]
+
+    def trace(self) -> Trace:
+        """The run's timeline, read and parsed (once per call: a step model asks once and keeps what it derives)."""
+        return _read(self.folder, TIMELINE_FILE, Trace)
 
 
 def load_profile(folder: str | Path, family: str, task: str) -> Profile:

@@ -14,19 +14,44 @@ from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.memory import check_memory
 from rlplace.reasoning.models.hf_folder import check_model_folder, check_reward_model_folder
 from rlplace.reasoning.tasks import make_prompt_source
+from rlplace.reasoning.tasks.prompts import PromptSource
 
 
 def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None:
-    """Micro-batches divide the prompts and the actor
-    ranks; each rank has enough responses for its minibatches; the task's problems can be made (its data files
-    read and checked); the model folder, the reward model's (a classifier with one output) and what the backend
-    requires exist when asked for; the predicted device memory fits cluster.device_memory_gb."""
+    """Micro-batches divide the prompts; the task's problems can be made (its data files read and checked); the
+    model folder, the reward model's (a classifier with one output) and what the backend requires exist when asked
+    for; and what the placement decides holds (`check_placement`)."""
     task, rollout = cfg.task, cfg.rollout
     if task.prompts_per_step % rollout.micro_batch_prompts:
         raise ConfigError(
             f"rollout.micro_batch_prompts = {rollout.micro_batch_prompts} must divide task.prompts_per_step = "
             f"{task.prompts_per_step}"
         )
+    source = make_prompt_source(task)  # the task's data read and checked here, before any worker reads it
+    if cfg.model.path is not None:
+        check_model_folder(cfg.model.path)
+    if cfg.reward.model_path is not None:
+        check_reward_model_folder(cfg.reward.model_path)
+        if cfg.algorithm.filter_groups:
+            raise ConfigError(
+                "algorithm.filter_groups = true is invalid with reward.model_path: groups are filtered by the rule "
+                "reward where they are generated, before the reward model scores them (valid: false)"
+            )
+    check_placement(cfg, placement, source)
+    backend = BACKENDS[rollout.backend]
+    if backend.requires is not None and importlib.util.find_spec(backend.requires) is None:
+        usable = [name for name in BACKENDS if BACKENDS[name].requires is None]
+        raise ConfigError(
+            f"rollout.backend = {rollout.backend!r} is invalid here: {backend.requires} is not installed "
+            f"({backend.install}; valid without it: {', '.join(usable)})"
+        )
+
+
+def check_placement(cfg: ReasoningConfig, placement: ComponentPlacement, source: PromptSource) -> None:
+    """What the placement decides: the micro-batches divide over the actor ranks, each rank has enough responses
+    for its minibatches, and the predicted device memory fits cluster.device_memory_gb (`source`: the task's
+    problems, made once by the caller; the planner's search asks this of every candidate)."""
+    task, rollout = cfg.task, cfg.rollout
     num_micro_batches = task.prompts_per_step // rollout.micro_batch_prompts
     actors = placement.get_world_size("actor")
     if num_micro_batches % actors:
@@ -41,21 +66,4 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
             f"algorithm.num_minibatches = {cfg.algorithm.num_minibatches} is more than each actor's {rows} responses "
             f"(task.prompts_per_step x algorithm.group_size / actor processes)"
         )
-    source = make_prompt_source(task)  # the task's data read and checked here, before any worker reads it
-    if cfg.model.path is not None:
-        check_model_folder(cfg.model.path)
-    if cfg.reward.model_path is not None:
-        check_reward_model_folder(cfg.reward.model_path)
-        if cfg.algorithm.filter_groups:
-            raise ConfigError(
-                "algorithm.filter_groups = true is invalid with reward.model_path: groups are filtered by the rule "
-                "reward where they are generated, before the reward model scores them (valid: false)"
-            )
     check_memory(cfg, placement, source)
-    backend = BACKENDS[rollout.backend]
-    if backend.requires is not None and importlib.util.find_spec(backend.requires) is None:
-        usable = [name for name in BACKENDS if BACKENDS[name].requires is None]
-        raise ConfigError(
-            f"rollout.backend = {rollout.backend!r} is invalid here: {backend.requires} is not installed "
-            f"({backend.install}; valid without it: {', '.join(usable)})"
-        )

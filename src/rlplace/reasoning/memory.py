@@ -28,10 +28,9 @@ from rlplace.core import strategies
 from rlplace.core.errors import ConfigError
 from rlplace.core.schedule import offloaded_during
 from rlplace.placement import ComponentPlacement
-from rlplace.planner import ProfileError, load_profile
+from rlplace.planner import Profile, ProfileError
 from rlplace.planner.memory import GB, TransformerShape, Usage, device_peaks, over_capacity
-from rlplace.planner.profile import DAMAGED, TIMELINE_FILE, VALID, describe
-from rlplace.planner.spans import phase_peaks
+from rlplace.planner.profile import load_model
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.tasks import make_prompt_source
@@ -106,16 +105,17 @@ def _usage(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, actor_ra
 
 def _measured(folder: str, task: str) -> tuple[int, dict[tuple[str, str], int]] | None:
     """The profiled run's actor rank count and each component's measured peak per phase (rank 0's); None when its
-    spans carry no memory (a run on CPU devices). ConfigError naming `plan.profile` for one that cannot serve."""
+    spans carry no memory (a run on CPU devices). Read once per profile (a search predicts every candidate's memory
+    from it); ConfigError naming `plan.profile` for one that cannot serve."""
     try:
-        profile = load_profile(folder, FAMILY, task)
-        peaks = phase_peaks((profile.folder / TIMELINE_FILE).read_text(), [phase for phase, _ in PHASES])
-        ranks = len(profile.data["placement"]["components"]["actor"])
+        return load_model(_measured_peaks, folder, FAMILY, task)
     except ProfileError as err:
         raise ConfigError(str(err)) from None
-    except DAMAGED as err:
-        raise ConfigError(f"plan.profile = {folder!r}: the profile is incomplete ({describe(err)}){VALID}") from None
-    return (ranks, peaks) if peaks else None
+
+
+def _measured_peaks(profile: Profile) -> tuple[int, dict[tuple[str, str], int]] | None:
+    peaks = profile.trace().phase_peaks([phase for phase, _ in PHASES])
+    return (len(profile.data["placement"]["components"]["actor"]), peaks) if peaks else None
 
 
 def _calibrated(name: str, usage: Usage, profiled: Usage, measured: dict[tuple[str, str], int]) -> Usage:

@@ -39,13 +39,12 @@ from rlplace.placement.cores import device_cores
 from rlplace.planner import Curve, Prediction, Profile, Resources, Work, busiest
 from rlplace.planner.layout import component_devices, process_resources
 from rlplace.planner.prediction import switch_seconds
-from rlplace.planner.profile import TIMELINE_FILE
 from rlplace.planner.profile import load_model as planner_load_model
-from rlplace.planner.spans import alone_work, rank_seconds
-from rlplace.reasoning.checks import check_reasoning
+from rlplace.reasoning.checks import check_placement
 from rlplace.reasoning.config import COMPONENTS, FAMILY, ReasoningConfig
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.profile import TRAINING_SPANS, UNIT_SPANS, shape
+from rlplace.reasoning.tasks import make_prompt_source
 
 STAGES = ("rollout", "reward", "inference")
 """The generating stages, in pipeline order."""
@@ -83,8 +82,8 @@ class StepModel:
         self.cores = {int(d): tuple(c) for d, c in profile.data["devices"].items()}
         self.node_cores = {int(n): tuple(c) for n, c in profile.data.get("node_cores", {}).items()}
         names = [*UNIT_SPANS.values(), *TRAINING_SPANS]
-        timeline = (profile.folder / TIMELINE_FILE).read_text()
-        work = alone_work(timeline, self.cores, names)
+        trace = profile.trace()
+        work = trace.alone_work(self.cores, names)
         own = self.layout(profile.data["placement"], self.cores)
         self.unit = {
             name: work.get((name, span), 0.0) / _micro_batches(self.config) for name, span in UNIT_SPANS.items()
@@ -107,7 +106,7 @@ class StepModel:
         self.sync_s = profile.phases.get("sync_weights", 0.0)
         """The profiled run's weight sync."""
         self.local_sync = _sharing_sender(own)
-        receive = rank_seconds(timeline, "rollout", "sync_weights")
+        receive = trace.rank_seconds("rollout", "sync_weights")
         sender = own.processes["actor"][0]
         local = [s for rank, s in receive.items() if own.processes["rollout"][rank] & sender]
         remote = [s for rank, s in receive.items() if not own.processes["rollout"][rank] & sender]
@@ -329,13 +328,15 @@ def shares(where: Mapping[str, int | str], name: str, placement: ComponentPlacem
 def search(cfg: ReasoningConfig, model: StepModel) -> list[Ranked]:
     """Every candidate placement x staleness (0 and 1) the run could take on its cluster, fastest first.
 
-    Candidates the run's checks refuse (micro-batches that do not divide over the actor's ranks, device memory over
-    `cluster.device_memory_gb`) or that would put more processes on a cpu node's cores than
-    `cluster.max_oversubscription` allows are left out. A component that shares devices offloads between phases."""
+    Candidates whose placement the run's checks refuse (`check_placement`: micro-batches that do not divide over the
+    actor's ranks, device memory over `cluster.device_memory_gb`) or that would put more processes on a cpu node's
+    cores than `cluster.max_oversubscription` allows are left out. A component that shares devices offloads between
+    phases."""
     nodes, per_node = cfg.cluster.num_nodes, cfg.cluster.num_devices_per_node
     cores = cluster_cores(model, cfg)
     machine = {c for found in cores.values() for c in found}
     limit = cfg.cluster.max_oversubscription * len(machine) if cores else None
+    source = make_prompt_source(cfg.task)  # read once: the run's own checks read it too, candidates need not
     found = []
     for where in layouts(nodes * per_node):
         placement = ComponentPlacement(where, nodes, per_node, components=COMPONENTS)
@@ -352,7 +353,7 @@ def search(cfg: ReasoningConfig, model: StepModel) -> list[Ranked]:
                 runner=replace(cfg.runner, max_staleness=staleness),
             )
             try:
-                check_reasoning(candidate, placement)
+                check_placement(candidate, placement, source)
             except (ConfigError, PlacementError):
                 continue
             prediction = model.predict(shape(candidate), layout)
