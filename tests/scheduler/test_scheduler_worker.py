@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
 
 from rlplace.placement import Placement, PlacementStrategy
 from rlplace.scheduler import (
@@ -41,7 +40,10 @@ class Probe(Worker):
         return {name: os.environ.get(name) for name in names}
 
     def affinity(self) -> tuple[list[list[int]], int]:
-        """The CPU affinity of every thread of the process, and torch's thread count."""
+        """The CPU affinity of every thread of the process, and the thread count of a torch imported only now (the
+        probes' processes otherwise never load it: this module is what they import)."""
+        import torch
+
         threads = [sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")]
         return threads, torch.get_num_threads()
 

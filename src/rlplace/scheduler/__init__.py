@@ -17,7 +17,9 @@ tests/scheduler/test_scheduler_imports.py):
   what a worker process must know before user code runs (carried in its environment).
 - `session`: the Ray session's lifecycle: start an embedded local Ray, attach to a running one, stop it leaving no
   process or session folder behind. The one module that reaches into `ray._private`.
-- `reservation`, `rendezvous`: the run's devices held as Ray placement groups; the actor through which workers find
+- `hub`: one small actor per process and Ray session hosting the coordination objects it creates (channel
+  registries, rendezvous), so a run starts one such process however many channels it opens.
+- `reservation`, `rendezvous`: the run's devices held as Ray placement groups; the object through which workers find
   each other.
 - `transport`: how a group's call reaches its ranks and comes back: the `CallTransport` interface, per-rank handles
   (`RankCall`) that settle with a result or a `WorkerError` naming group, rank and method, and `RayCalls`.
@@ -31,8 +33,8 @@ tests/scheduler/test_scheduler_imports.py):
 - `cluster`: `Cluster`, the nodes and devices a run holds: checks, core sets, reservations, and the groups it tears
   down; it uses `session` to start and stop Ray.
 
-The torch-dependent names are imported on first use (PEP 562): Ray starts a process for every channel and
-rendezvous actor, and importing this package there must not pull in torch (its start-up time and memory, in every
+The torch-dependent names are imported on first use (PEP 562): the hub's process imports the channel and
+rendezvous modules, and importing this package there must not pull in torch (its start-up time and memory, in every
 such process). The light modules (errors, timer) are imported at once; this also keeps the name `timer` bound to the
 decorator rather than to its module.
 """

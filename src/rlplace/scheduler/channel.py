@@ -7,29 +7,28 @@ forever); a peer process that dies surfaces as a `ChannelError` naming it.
 
 Items travel directly from the writing process to the reading one (`mailbox.py`: a Unix socket on one node, TCP
 across nodes), with no Ray call per item. A key has one reader: the first process that calls `get` on it. A small
-private Ray actor per channel, the registry, introduces writers to that reader once, and holds what writers put
-before the reader made itself known (the slow path, a few items at the start of a run). A bounded key (maxsize > 0)
-takes one writer, which counts the items the reader has not taken yet; an unbounded key takes any number of writers.
+object per channel, the registry, introduces writers to that reader once, and holds what writers put before the
+reader made itself known (the slow path, a few items at the start of a run). A bounded key (maxsize > 0) takes one
+writer, which counts the items the reader has not taken yet; an unbounded key takes any number of writers.
 
-The registry is a named actor of the job, named by a random channel id (the channel's name only labels messages), so
-two runs sharing one Ray never collide; it ends with `close` or with the process that created the channel.
+The registry lives in the creating process's hub (`hub.py`), at an address of its own (the channel's name only
+labels messages), so two runs sharing one Ray never collide; it ends with `close` or with the process that created
+the channel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import pickle
-import secrets
 import time
 from collections import deque
 from collections.abc import Hashable
 from typing import Any
 
 import ray
-from ray.actor import ActorHandle
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlplace.scheduler.errors import ChannelError, ChannelTimeout
+from rlplace.scheduler.hub import Hosted, host
 from rlplace.scheduler.mailbox import Address, Mailbox, QueueId, mailbox
 
 
@@ -41,15 +40,16 @@ class _Backlog:
         self.changed = asyncio.Condition()
 
 
-@ray.remote(num_cpus=0)
 class _Registry:
-    """Who reads each key of one channel, and the backlog of keys nobody reads yet. Every method is async, so a
-    writer waiting on a full backlog never blocks the reader that would drain it."""
+    """Who reads each key of one channel, and the backlog of keys nobody reads yet; hosted in a hub. Every method is
+    async, so a writer waiting on a full backlog never blocks the reader that would drain it."""
 
-    def __init__(self, maxsize: int) -> None:
+    def __init__(self, name: str, maxsize: int) -> None:
+        self.name = name
         self.maxsize = maxsize
         self.readers: dict[Hashable, Address] = {}
         self.backlogs: dict[Hashable, _Backlog] = {}
+        self.closed = False
 
     def _backlog(self, key: Hashable) -> _Backlog:
         if key not in self.backlogs:
@@ -76,12 +76,14 @@ class _Registry:
         async with backlog.changed:
 
             def ready() -> bool:
-                return key in self.readers or not 0 < self.maxsize <= len(backlog.items)
+                return self.closed or key in self.readers or not 0 < self.maxsize <= len(backlog.items)
 
             try:
                 await asyncio.wait_for(backlog.changed.wait_for(ready), timeout)
             except TimeoutError:
                 return False
+            if self.closed:
+                raise ChannelError(f"channel {self.name!r} was closed while a writer waited for room")
             if key in self.readers:
                 return self.readers[key]
             backlog.items.append(item)
@@ -91,6 +93,13 @@ class _Registry:
         """The key's reader if it has one, and the backlog's length."""
         return self.readers.get(key), len(self._backlog(key).items)
 
+    async def close(self) -> None:
+        """Wake the writers waiting for room, which then fail: the channel is gone."""
+        self.closed = True
+        for backlog in self.backlogs.values():
+            async with backlog.changed:
+                backlog.changed.notify_all()
+
 
 class Channel:
     """A keyed FIFO usable from the driver and from workers: create it in the runner, pass it to worker methods.
@@ -98,13 +107,14 @@ class Channel:
     `put` and `get` block up to `timeout` seconds, then raise `ChannelTimeout`.
     """
 
-    def __init__(self, name: str, maxsize: int, channel_id: str, spin_s: float = 0.0) -> None:
-        """A handle on an existing channel; use `Channel.create` instead."""
+    def __init__(self, name: str, maxsize: int, registry: str, spin_s: float = 0.0) -> None:
+        """A handle on an existing channel (`registry`: its registry's hub address); use `Channel.create` instead."""
         self.name = name
         self.maxsize = maxsize
         self.spin_s = spin_s
-        self._id = channel_id
+        self._id = registry
         self._wheres: dict[Hashable, str] = {}
+        self._hosted: Hosted | None = None
 
     @classmethod
     def create(cls, name: str, maxsize: int = 0, spin_s: float = 0.0) -> Channel:
@@ -119,19 +129,15 @@ class Channel:
         """
         if maxsize < 0:
             raise ValueError(f"channel {name!r}: maxsize must be >= 0, got {maxsize}")
-        channel_id = secrets.token_hex(8)
-        node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        registry = _Registry.options(name=_registry_name(channel_id), scheduling_strategy=node).remote(maxsize)
-        _REGISTRIES[channel_id] = registry  # holds it: Ray ends an actor nobody holds a handle to
-        return cls(name, maxsize, channel_id, spin_s)
+        return cls(name, maxsize, host(_Registry, name, maxsize).address, spin_s)
 
     @property
-    def _registry(self) -> ActorHandle:
-        """The registry, found by name once per process. A channel pickles as its name, size and id only: a Ray actor
-        handle costs a fraction of a millisecond to unpickle, in every worker call that passes the channel."""
-        if self._id not in _REGISTRIES:
-            _REGISTRIES[self._id] = ray.get_actor(_registry_name(self._id))
-        return _REGISTRIES[self._id]
+    def _registry(self) -> Hosted:
+        """The registry. A channel pickles as its name, size and the registry's address only: a Ray actor handle
+        costs a fraction of a millisecond to unpickle, in every worker call that passes the channel."""
+        if self._hosted is None:
+            self._hosted = Hosted(self._id)
+        return self._hosted
 
     def put(self, item: Any, key: Hashable = None, timeout: float | None = None) -> None:
         """Append `item` to the queue of `key`, waiting while it is full; ChannelTimeout after `timeout` seconds."""
@@ -209,8 +215,7 @@ class Channel:
 
     def close(self) -> None:
         """Destroy the channel's registry and this process's items of it."""
-        ray.kill(self._registry)
-        del _REGISTRIES[self._id]
+        self._registry.close()
         mailbox().forget(self._id)
 
     def _where(self, key: Hashable) -> str:
@@ -226,18 +231,10 @@ class Channel:
         return {"name": self.name, "maxsize": self.maxsize, "spin_s": self.spin_s, "_id": self._id}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _wheres={})
+        self.__dict__.update(state, _wheres={}, _hosted=None)
 
     def __repr__(self) -> str:
         return f"Channel(name={self.name!r}, maxsize={self.maxsize})"
-
-
-_REGISTRIES: dict[str, ActorHandle] = {}
-"""The registries this process created or looked up, by channel id."""
-
-
-def _registry_name(channel_id: str) -> str:
-    return f"rlplace-channel-{channel_id}"
 
 
 def _deadline(timeout: float | None) -> float | None:

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlplace.placement.cores import device_cores
 from rlplace.scheduler.errors import ClusterError
 from rlplace.scheduler.group import WorkerGroup, terminate_groups
+from rlplace.scheduler.hub import Hosted
 from rlplace.scheduler.rendezvous import create_rendezvous
 from rlplace.scheduler.reservation import Bundle, Reservation, cpu_bundles, gpu_bundles, process_share
 from rlplace.scheduler.session import attach, disconnect, head_address, local_gpus, start_local_ray
@@ -65,9 +65,10 @@ class Cluster:
         self.num_nodes = cfg.num_nodes
         self.num_devices_per_node = cfg.num_devices_per_node
         self.device_type = cfg.device_type
-        self.rendezvous_name = f"rlplace.rendezvous.{uuid.uuid4().hex[:8]}"
+        self.run_id = uuid.uuid4().hex[:8]
+        """Names this run's placement groups in Ray's accounting."""
         self._groups: list[WorkerGroup] = []
-        self._rendezvous: ActorHandle | None = None
+        self._rendezvous: Hosted | None = None
         self._owns_connection = False  # this object called ray.init, so it calls ray.shutdown
         self._started_ray = False  # ... and that ray.init started Ray's processes here
         self._closed = False
@@ -150,10 +151,11 @@ class Cluster:
         return ray.get(_on_node(_free_port, self.node_ids[node_rank]))
 
     @property
-    def rendezvous(self) -> ActorHandle:
-        """The actor through which this cluster's workers find each other for tensor transfers."""
+    def rendezvous(self) -> Hosted:
+        """The object through which this cluster's workers find each other for tensor transfers (its `address` is
+        what they are given)."""
         if self._rendezvous is None:
-            self._rendezvous = create_rendezvous(self.rendezvous_name, self.node_ids[0])
+            self._rendezvous = create_rendezvous()
         return self._rendezvous
 
     def check_group_name(self, name: str) -> None:
@@ -173,9 +175,8 @@ class Cluster:
         terminate_groups(self._groups)
         self._groups = []
         if self._rendezvous is not None:
-            ray.kill(self._rendezvous)
+            self._rendezvous.close()
             self._rendezvous = None
-        self.rendezvous_name = f"rlplace.rendezvous.{uuid.uuid4().hex[:8]}"
         self._processes_per_device = Counter(p.devices[0] for p in placements if p.devices)
 
     def add_group(self, group: WorkerGroup) -> None:
@@ -188,7 +189,7 @@ class Cluster:
         fixture that other runs join) holds no devices; a driver may call it earlier. Idempotent."""
         if self._reservation is None:
             # Kept from here on, so that `shutdown` withdraws it also when Ctrl-C ends the wait.
-            self._reservation = Reservation(f"rlplace.{self.rendezvous_name}", self.node_ids, self._bundles)
+            self._reservation = Reservation(f"rlplace.{self.run_id}", self.node_ids, self._bundles)
             try:
                 self._reservation.wait(self.reserve_timeout_s)
             except ClusterError:
@@ -246,7 +247,7 @@ class Cluster:
         try:
             terminate_groups(self._groups)
             if self._rendezvous is not None:
-                ray.kill(self._rendezvous)  # when this process stays connected (a Hydra Ray launcher job)
+                self._rendezvous.close()  # when this process stays connected (a Hydra Ray launcher job)
             if self._reservation is not None:
                 self._reservation.release()
         finally:

@@ -6,7 +6,7 @@ objects are never registered as torch.distributed groups, so they neither need `
 the default process group that a group's own ranks use for data parallelism (`Worker.init_process_group`).
 
 Rendezvous: the pair's first member (in a canonical order both sides compute) opens the TCPStore on a port the OS
-picks and publishes the address through the cluster's rendezvous actor (rendezvous.py); the other member waits for
+picks and publishes the address through the cluster's rendezvous (rendezvous.py); the other member waits for
 it there. So both sides may start at the same time, and no port is guessed.
 
 Payloads are a tensor or nested dicts/lists/tuples of tensors; non-tensor leaves travel in a pickled header that
@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from rlplace.scheduler.errors import ChannelError
+from rlplace.scheduler.hub import Hosted
 
 if TYPE_CHECKING:
     from rlplace.scheduler.context import WorkerContext
@@ -86,7 +87,7 @@ class Transfers:
 
     def _peer_group(self, name: str) -> tuple[str, int]:
         if name not in self._groups:
-            rendezvous = ray.get_actor(self._context.rendezvous)
+            rendezvous = Hosted(self._context.rendezvous)
             found = ray.get(rendezvous.group.remote(name))
             if found is None:
                 raise ValueError(f"no worker group named {name!r} has been launched on this cluster")
@@ -124,7 +125,7 @@ class _PairComm:
         self.peer = 1 - self.rank
         self.device = device
         host = ray.util.get_node_ip_address()
-        actor = ray.get_actor(rendezvous)
+        actor = Hosted(rendezvous)
         if self.rank == 0:
             self.store = dist.TCPStore(host, 0, None, True, TIMEOUT, wait_for_workers=False)
             ray.get(actor.publish.remote(key, (host, self.store.port)))

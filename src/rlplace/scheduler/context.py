@@ -35,7 +35,7 @@ class WorkerContext:
     cores: tuple[int, ...]
     """CPU cores of the worker's logical devices on a cpu cluster; empty when the process is not pinned."""
     rendezvous: str
-    """Name of the Ray actor that introduces communicating workers to each other (see collective.py)."""
+    """Hub address of the object that introduces communicating workers to each other (rendezvous.py)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -106,7 +106,7 @@ class WorkerGroupSpec:
                 placement=placement,
                 device_type=cluster.device_type,
                 cores=_cores(cluster, placement),
-                rendezvous=cluster.rendezvous_name,
+                rendezvous=cluster.rendezvous.address,
             )
             env = {"env_vars": worker_env(context, master_addr, master_port)}
             actor = actor_cls.options(**options, max_restarts=0, runtime_env=env)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from rlplace.scheduler.context import WorkerContext
+from rlplace.scheduler.hub import Hosted
 from rlplace.scheduler.limits import SMALL_BYTES
 from rlplace.scheduler.mailbox import Address, mailbox
 
@@ -59,7 +60,7 @@ class GroupMean:
     def peers(self) -> list[Address]:
         """Every rank's mailbox address, this one's published first."""
         if self._peers is None:
-            rendezvous = ray.get_actor(self.context.rendezvous)
+            rendezvous = Hosted(self.context.rendezvous)
             key = f"{self.tag}:{{}}"
             ray.get(rendezvous.publish.remote(key.format(self.rank), mailbox().address))
             found = ray.get([rendezvous.lookup.remote(key.format(r), TIMEOUT_S) for r in range(self.world_size)])

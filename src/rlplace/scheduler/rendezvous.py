@@ -1,9 +1,9 @@
-"""The rendezvous actor: how workers of one cluster find each other for group-to-group transfers.
+"""The rendezvous: how workers of one cluster find each other for group-to-group transfers.
 
 Workers address peers by group name ("rollout") and rank, but a name may be relaunched, and a pair's TCPStore port
-(or a rank's mailbox) is only known once its owner opened it. One named async actor per cluster keeps both: the
-current launch (uid and size) of every group name, and the addresses workers publish, which a peer awaits.
-It imports no torch, so its process starts fast.
+(or a rank's mailbox) is only known once its owner opened it. One object per cluster, hosted in the driver's hub
+(`hub.py`), keeps both: the current launch (uid and size) of every group name, and the addresses workers publish,
+which a peer awaits. Workers reach it by its address (`WorkerContext.rendezvous`).
 """
 
 from __future__ import annotations
@@ -11,12 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import ray
-from ray.actor import ActorHandle
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from rlplace.scheduler.hub import Hosted, host
 
 
-@ray.remote(num_cpus=0)
 class _Rendezvous:
     """Introduces workers to each other: which launch a group name refers to, and the addresses they publish."""
 
@@ -25,7 +22,7 @@ class _Rendezvous:
         self._addresses: dict[str, Any] = {}
         self._published: dict[str, asyncio.Event] = {}
 
-    # Every method is async, so all of them run on the actor's event loop, where the events live.
+    # Every method is async, so all of them run on the hub's event loop, where the events live.
     async def register_group(self, name: str, uid: str, world_size: int) -> None:
         self._groups[name] = (uid, world_size)
 
@@ -45,10 +42,6 @@ class _Rendezvous:
         return self._addresses[key]
 
 
-def create_rendezvous(name: str, node_id: str) -> ActorHandle:
-    """The named rendezvous actor of one cluster, created by the driver on its own node (or found if it exists)."""
-    return _Rendezvous.options(
-        name=name,
-        get_if_exists=True,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=True),
-    ).remote()
+def create_rendezvous() -> Hosted:
+    """A new rendezvous, hosted in this process's hub (the driver's, on its node)."""
+    return host(_Rendezvous)

@@ -3,7 +3,7 @@
 A Ray actor call costs the caller far more than a hand-off through the mailboxes, a large share of a short generation
 phase (benchmarks/handoff.py measures both). While a group is served (`with serve(env, rollout, actor): ...`), each
 rank runs one long Ray call, `Worker._serve`, that takes the rank's calls from a channel key of its own and answers on
-its group's key of the same channel (one channel, so one registry actor), in the order they were sent, as Ray would have
+its group's key of the same channel (one channel, so one registry), in the order they were sent, as Ray would have
 run them. Group calls look the same to the caller: `ServedCalls` is the group's call transport (`transport.py`) for
 the block, so calls return a `GroupFuture`, `wait` and `wait_all` work on it (mixed with Ray-backed futures), and a
 failure names group, rank and method. The Ray call stays the watchdog of the process: a
