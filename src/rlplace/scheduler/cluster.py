@@ -115,6 +115,12 @@ class Cluster:
         """Ray node ids, by node rank."""
         return [node["NodeID"] for node in self._nodes]
 
+    @property
+    def has_gpus(self) -> bool:
+        """Whether any node of the run has GPUs: there a worker's CUDA variables must be set before its process
+        imports anything (`WorkerGroupSpec.start`)."""
+        return any(node["Resources"].get("GPU", 0) > 0 for node in self._nodes)
+
     def node_ip(self, node_rank: int) -> str:
         return self._nodes[node_rank]["NodeManagerAddress"]
 

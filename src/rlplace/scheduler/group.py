@@ -108,9 +108,12 @@ class WorkerGroupSpec:
                 cores=_cores(cluster, placement),
                 rendezvous=cluster.rendezvous.address,
             )
-            env = {"env_vars": worker_env(context, master_addr, master_port)}
-            actor = actor_cls.options(**options, max_restarts=0, runtime_env=env)
-            workers.append(actor.remote(*self.args, **self.kwargs))
+            env = worker_env(context, master_addr, master_port)
+            if cluster.has_gpus:  # in place before the process imports anything (CUDA reads them once)
+                actor = actor_cls.options(**options, max_restarts=0, runtime_env={"env_vars": env})
+                workers.append(actor.remote(None, self.args, self.kwargs))
+            else:  # set by the rank itself: a runtime environment costs every process a second Python start
+                workers.append(actor_cls.options(**options, max_restarts=0).remote(env, self.args, self.kwargs))
 
         group = WorkerGroup(name, self.worker_cls, placements, workers, methods, cluster.call_timeout_s)
         cluster.add_group(group)
@@ -304,5 +307,13 @@ def _cores(cluster: Cluster, placement: Placement) -> tuple[int, ...]:
 
 @functools.cache
 def _actor_class(worker_cls: type[Worker]) -> ActorClass:
-    """One Ray actor class per worker class, so Ray exports the class once, not once per launch."""
-    return ray.remote(worker_cls)
+    """One Ray actor class per worker class, so Ray exports the class once, not once per launch: the worker class
+    under its own name, whose constructor first sets up the rank and then runs the worker's own."""
+
+    def __init__(self: Worker, env: dict[str, str] | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """`env`: the rank's environment, or None when its process started with it."""
+        self._start_rank(env)
+        worker_cls.__init__(self, *args, **kwargs)  # not super(): Ray runs a subclass of this class
+
+    namespace = {"__init__": __init__, "__module__": worker_cls.__module__, "__qualname__": worker_cls.__qualname__}
+    return ray.remote(type(worker_cls.__name__, (worker_cls,), namespace))

@@ -55,19 +55,27 @@ class Worker:
         self = super().__new__(cls)
         if issubclass(cls, ActorClass):
             return self  # `ray.remote(cls)` builds its handle class from the worker class; not a worker process
-        context = WorkerContext.from_env()
-        if context is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
             raise RuntimeError(
                 f"{cls.__name__} is a Worker and runs only as part of a worker group: use "
                 f"{cls.__name__}.create_group(...).launch(cluster, name=..., placement_strategy=...) "
                 f"instead of {cls.__name__}(...)"
             )
+        return self
+
+    def _start_rank(self, env: dict[str, str] | None) -> None:
+        """Set up this process as its rank, before the worker's own `__init__`: its environment (`env`; None when
+        the process started with it), its context and its cores."""
+        if env is not None:
+            os.environ.update(env)
+        context = WorkerContext.from_env()
+        if context is None:
+            raise RuntimeError(f"{type(self).__name__} started without its worker context")
         self._context = context
         self._spans = []
         self._device_memory = DeviceMemory()
         if context.cores:
             pin_process(context.cores)
-        return self
 
     @classmethod
     def create_group(cls, *args: Any, **kwargs: Any) -> WorkerGroupSpec:
