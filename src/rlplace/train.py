@@ -56,6 +56,7 @@ def train(
     resolved_config: dict,
     started: float | None = None,
     switches: Sequence[Switch] = (),
+    keep_ray: bool = False,
 ) -> tuple[dict[str, float], Plan]:
     """Check the checkpoint to resume, start the cluster, then the family's groups and, while they start, the logger;
     then run the family's loop (`core.runner.Runner`), re-placed at each of `switches` (`runner.replace_at`) and
@@ -63,7 +64,9 @@ def train(
 
     Raises ConfigError for a checkpoint that cannot resume this run and ClusterError for a cluster that cannot hold
     it, both before any worker starts. SIGTERM or Ctrl-C during the run end it after the current step, with a
-    checkpoint (`preemption`). `started` is the `time.monotonic()` reading `run/startup_s` counts from (None: now);
+    checkpoint (`preemption`). `keep_ray`: an embedded Ray the run starts stays up for this process's next run (a
+    multirun's next job) and stops at its exit. `started` is the `time.monotonic()` reading `run/startup_s` counts
+    from (None: now);
     `run/teardown_s` counts from the loop's end until the workers and Ray are stopped. Returns the final metrics
     and the plan the run ended in (`plan`, unless it was re-placed).
     """
@@ -89,7 +92,9 @@ def train(
     schedule = Schedule(plan, pending, history)
     try:
         with (
-            Cluster(cfg.cluster, call_timeout_s=cfg.runner.hang_timeout_s, placements=processes(plan)) as cluster,
+            Cluster(
+                cfg.cluster, call_timeout_s=cfg.runner.hang_timeout_s, placements=processes(plan), keep_ray=keep_ray
+            ) as cluster,
             preemption.handled(),
         ):
             launcher = family.result()
@@ -220,7 +225,9 @@ def run(cfg: DictConfig) -> float | None:
             plan.cfg.logger.wandb.group = sweep_group(hydra_cfg)
         config = {**OmegaConf.to_container(cfg, resolve=True), **dashboard_config(plan, hydra_cfg)}
         overrides = run_overrides([*hydra_cfg.overrides.hydra, *hydra_cfg.overrides.task])
-        final, ended = train(plan, run_dir, config, started, switches(plan, overrides))
+        # A basic launcher runs a multirun's jobs one after another in this process: they share one embedded Ray.
+        multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        final, ended = train(plan, run_dir, config, started, switches(plan, overrides), keep_ray=multirun)
     except (ConfigError, PlacementError, ClusterError) as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             # One combination of a sweep that this cluster cannot hold: skip it, keep sweeping.

@@ -52,11 +52,15 @@ class Cluster:
         cfg: ClusterConfig,
         call_timeout_s: float | None = None,
         placements: Sequence[Placement] = (),
+        keep_ray: bool = False,
     ) -> None:
         """`placements`, every worker process the run will launch, are checked against the nodes' cores
         (`cluster.max_oversubscription`; on an embedded Ray before it starts) and split each device's reservation
         between the processes on it; a device none of them names is taken whole by its first process.
-        `cluster.reserve_timeout_s` bounds the wait for devices that other runs on the same Ray hold."""
+        `cluster.reserve_timeout_s` bounds the wait for devices that other runs on the same Ray hold. `keep_ray`: an
+        embedded Ray this cluster starts outlives it, for the runs this process starts next (the later jobs of a
+        multirun), and stops when the process exits; each run still reserves its own devices and stops its own
+        workers."""
         if cfg.device_type not in ("cpu", "gpu"):
             raise ClusterError(f"cluster.device_type must be 'cpu' or 'gpu', got {cfg.device_type!r}")
         if cfg.num_nodes < 1 or cfg.num_devices_per_node < 1:
@@ -72,6 +76,7 @@ class Cluster:
         self._owns_connection = False  # this object called ray.init, so it calls ray.shutdown
         self._started_ray = False  # ... and that ray.init started Ray's processes here
         self._closed = False
+        self._keep_ray = keep_ray
         self._reservation: Reservation | None = None
         self._processes_per_device = Counter(p.devices[0] for p in placements if p.devices)
         """Global device -> the worker processes whose first device it is (their bundle is that device's)."""
@@ -257,7 +262,9 @@ class Cluster:
             if self._reservation is not None:
                 self._reservation.release()
         finally:
-            if self._owns_connection:
+            if self._keep_ray and self._started_ray:
+                atexit.register(disconnect, stop=True)
+            elif self._owns_connection:
                 disconnect(stop=self._started_ray)
 
     def __enter__(self) -> Cluster:
