@@ -355,7 +355,7 @@ def test_a_service_that_is_not_ray_at_the_address_is_refused_at_once(
 def run_command(command: str, *args: str, limit_s: float) -> str:
     """The one-line refusal of the installed `command`, in a subprocess, within `limit_s` and without starting a
     Ray of its own (Ray names a session folder after the process that starts it)."""
-    started = time.monotonic()
+    started, born = time.monotonic(), time.time()
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / command), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -363,7 +363,8 @@ def run_command(command: str, *args: str, limit_s: float) -> str:
     elapsed = time.monotonic() - started
     line = one_line_refusal(process.returncode, out + err)
     assert elapsed < limit_s, f"{command} took {elapsed:.1f} s to refuse: {line}"
-    assert not list(RAY_TEMP.glob(f"session_*_{process.pid}"))
+    # A folder older than the process is an earlier process's with the same pid (pids are reused).
+    assert not [p for p in RAY_TEMP.glob(f"session_*_{process.pid}") if p.stat().st_mtime >= born]
     return line
 
 

@@ -219,9 +219,17 @@ def test_a_killed_worker_is_named_at_once(shared_ray: None, tmp_path: Path) -> N
     watcher.join()
 
 
+# The run re-places itself after 2 steps (into the tests' own preset: env, rollout and actor on device 0), and the
+# signal comes as that switch begins (the second metrics row is the step before it): the switch, its checkpoint
+# included, is no place to stop, so the run finishes it and the step after it, and exits resumable.
+PRESETS = Path(__file__).resolve().parents[1] / "presets"
+SWITCH = [f"hydra.searchpath=[file://{PRESETS}]", "runner.replace_at=[2:one_device]"]
+
+
 @pytest.mark.slow
-def test_sigterm_finishes_the_step_writes_a_checkpoint_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "rlplace.train", *TINY, "runner.max_steps=500", f"hydra.run.dir={tmp_path}"]
+def test_sigterm_in_a_switch_finishes_a_step_writes_a_checkpoint_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "rlplace.train", *TINY, *SWITCH, "runner.max_steps=500"]
+    command.append(f"hydra.run.dir={tmp_path}")
     started = time.time()
     driver = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "metrics.jsonl"
@@ -242,6 +250,8 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_leaves_nothing_behind
     saved = checkpoint.latest(tmp_path / checkpoint.FOLDER)
     assert saved is not None and checkpoint.step_of(saved) == len(rows) < 500
     checkpoint.verify(saved)
+    (replaced,) = json.loads((tmp_path / RUN_INFO).read_text())["replaced"]
+    assert replaced["step"] == 2 and len(rows) == 3  # the switch was made, and one step after it
     _, alive = psutil.wait_procs(processes, timeout=10)
     assert not alive, [p.cmdline() for p in alive]
     assert not session[0].exists()
