@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlplace.placement import ComponentPlacement
 
 TARGET_S = 0.2
 """Roughly how long the timed calls of one size take together: long enough for a steady median, short enough that
@@ -58,3 +62,19 @@ def sizes_up_to(last: int, first: int = 1) -> list[int]:
         sizes.append(size)
         size *= 2
     return sizes if sizes and sizes[-1] == last else [*sizes, last]
+
+
+def where_it_ran(
+    device_type: str,
+    cores: Mapping[int, list[int]],
+    node_cores: Mapping[int, list[int]],
+    placement: ComponentPlacement,
+) -> dict[str, Any]:
+    """The fields of a profile (either family's) that say where the profiled run ran: the device type, each device's
+    and each node's CPU cores, and the placement."""
+    return {
+        "device_type": device_type,
+        "devices": {str(device): found for device, found in cores.items()},
+        "node_cores": {str(node): found for node, found in node_cores.items()},
+        "placement": placement.to_dict(),
+    }

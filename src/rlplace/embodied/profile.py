@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rlplace.core.timing import sizes_up_to
+from rlplace.core.timing import sizes_up_to, where_it_ran
 from rlplace.embodied.config import FAMILY, EmbodiedConfig
 from rlplace.placement import ComponentPlacement
 
@@ -69,10 +69,7 @@ def measure(
     return {
         "family": FAMILY,
         "env_id": cfg.task.env_id,
-        "device_type": cfg.cluster.device_type,
-        "devices": {str(device): found for device, found in cores.items()},
-        "node_cores": {str(node): found for node, found in node_cores.items()},
-        "placement": placement.to_dict(),
+        **where_it_ran(cfg.cluster.device_type, cores, node_cores, placement),
         "config": {
             "total_num_envs": cfg.task.total_num_envs,
             "num_steps": cfg.rollout.num_steps,

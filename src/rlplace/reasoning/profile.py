@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlplace.core.timing import sizes_up_to
+from rlplace.core.timing import sizes_up_to, where_it_ran
 from rlplace.placement import ComponentPlacement
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 
@@ -64,10 +64,7 @@ def describe(
     return {
         "family": FAMILY,
         "task": cfg.task.name,
-        "device_type": cfg.cluster.device_type,
-        "devices": {str(device): found for device, found in cores.items()},
-        "node_cores": {str(node): found for node, found in node_cores.items()},
-        "placement": placement.to_dict(),
+        **where_it_ran(cfg.cluster.device_type, cores, node_cores, placement),
         "config": shape(cfg),
         "actor": {
             "sizes": passes[0]["sizes"],
