@@ -4,6 +4,7 @@ groups, and errors that name the peer."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 
@@ -119,6 +120,26 @@ def test_full_channel_blocks_put_until_timeout(cluster: Cluster) -> None:
     assert [channel.get(), channel.get()] == [2, 3]
     with pytest.raises(ChannelTimeout, match=r"get on channel 'bounded' key 'k' timed out after 0\.1 s"):
         channel.get(key="k", timeout=0.1)
+
+
+def test_closing_a_channel_fails_the_writer_waiting_for_room(cluster: Cluster) -> None:
+    channel = Channel.create("closing", maxsize=1)
+    channel.put(1)  # nobody reads the key: its registry holds the item, and the key is full
+    failed: list[ChannelError] = []
+
+    def write() -> None:
+        try:
+            channel.put(2)  # no timeout: waits for room
+        except ChannelError as error:
+            failed.append(error)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    time.sleep(0.2)
+    channel.close()
+    writer.join(timeout=10)
+    assert not writer.is_alive()
+    assert "channel 'closing' was closed while a writer waited for room" in str(failed[0])
 
 
 def test_keys_are_independent_fifos_with_their_own_maxsize(cluster: Cluster) -> None:

@@ -17,7 +17,7 @@ tests/scheduler/test_scheduler_imports.py):
   what a worker process must know before user code runs (carried in its environment).
 - `session`: the Ray session's lifecycle: start an embedded local Ray, attach to a running one, stop it leaving no
   process or session folder behind. The one module that reaches into `ray._private`.
-- `hub`: one small actor per process and Ray session hosting the coordination objects it creates (channel
+- `hub`: one small actor per process and Ray connection hosting the coordination objects it creates (channel
   registries, rendezvous), so a run starts one such process however many channels it opens.
 - `reservation`, `rendezvous`: the run's devices held as Ray placement groups; the object through which workers find
   each other.

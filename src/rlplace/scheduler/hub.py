@@ -1,4 +1,4 @@
-"""The hub: one small Ray actor per process and Ray session, holding the coordination objects that process creates.
+"""The hub: one small Ray actor per process and Ray connection, holding the coordination objects that process creates.
 
 A channel's registry and a cluster's rendezvous are a few dictionaries each that answer a handful of calls per run.
 As Ray actors of their own they cost a Python process each, started and torn down with every channel of every run;
