@@ -98,6 +98,9 @@ class WorkerGroupSpec:
         master_addr = cluster.node_ip(placements[0].node_rank)
         master_port = cluster.free_port(placements[0].node_rank)
         actor_cls = _actor_class(self.worker_cls)
+        # With GPUs on a node, a process starts with its rank's variables (CUDA reads them once); elsewhere the rank
+        # sets them itself: a Ray runtime environment costs every process a second Python start.
+        with_env = cluster.has_gpus
         workers = []
         for placement, options in zip(placements, ray_options, strict=True):
             context = WorkerContext(
@@ -109,10 +112,10 @@ class WorkerGroupSpec:
                 rendezvous=cluster.rendezvous.address,
             )
             env = worker_env(context, master_addr, master_port)
-            if cluster.has_gpus:  # in place before the process imports anything (CUDA reads them once)
+            if with_env:
                 actor = actor_cls.options(**options, max_restarts=0, runtime_env={"env_vars": env})
                 workers.append(actor.remote(None, self.args, self.kwargs))
-            else:  # set by the rank itself: a runtime environment costs every process a second Python start
+            else:
                 workers.append(actor_cls.options(**options, max_restarts=0).remote(env, self.args, self.kwargs))
 
         group = WorkerGroup(name, self.worker_cls, placements, workers, methods, cluster.call_timeout_s)

@@ -55,8 +55,8 @@ def start_local_ray(cfg: ClusterConfig) -> None:
             namespace=cfg.namespace or f"rlplace-{uuid.uuid4().hex[:8]}",
             logging_level=logging.ERROR,
             _node_ip_address="127.0.0.1",
-            # Ray starts an idle Python worker per CPU for the first driver, for tasks. A run's workers are actors
-            # with environments of their own, which never take those; their start-up only competes with the run's.
+            # Ray starts an idle Python worker per CPU for the first driver, for tasks, whether or not anything takes
+            # them. A run starts as many worker processes as its placement names; more only compete with their start.
             _system_config={"prestart_worker_first_driver": False},
         )
     except Exception as error:
