@@ -28,13 +28,25 @@ def test_a_gpu_device_reserves_one_gpu_and_the_node_cpus_per_gpu() -> None:
 
 def test_processes_split_their_device_and_extra_ones_ask_for_nothing() -> None:
     bundle = {"GPU": 1.0, "CPU": 1.0}
-    shares = [process_share(bundle, expected=3, placed=placed) for placed in range(4)]
-    assert shares[:3] == [{"GPU": 0.3333, "CPU": 0.3333}] * 3  # rounded down to Ray's 0.0001: they fit the bundle
+    shares: list[dict[str, float]] = []
+    for _ in range(4):
+        shares.append(process_share(bundle, expected=3, held=shares))
+    assert [share["CPU"] for share in shares[:3]] == pytest.approx([1 / 3] * 3, abs=1e-3)
     assert shares[3] == {}
-    assert sum(share["CPU"] for share in shares[:3]) <= 1.0
+    assert sum(share["CPU"] for share in shares[:3]) <= 1.0 and sum(share["GPU"] for share in shares[:3]) <= 1.0
+
+
+def test_a_new_process_takes_what_processes_kept_from_another_placement_leave() -> None:
+    bundle = {"CPU": 2.0}
+    kept = [{"CPU": 1.0}, {"CPU": 0.5}]  # two of a device's three processes, which held half and a quarter before
+    assert process_share(bundle, expected=3, held=kept) == {"CPU": 0.5}
+    assert process_share(bundle, expected=4, held=kept) == {"CPU": 0.25}
 
 
 @pytest.mark.parametrize("cores", [1, 3, 7])
 def test_shares_never_sum_past_their_bundle(cores: int) -> None:
     bundle = cpu_bundles([tuple(range(cores))], node_cpus=cores)[0]
-    assert sum(process_share(bundle, expected=7, placed=i)["CPU"] for i in range(7)) <= bundle["CPU"]
+    shares: list[dict[str, float]] = []
+    for _ in range(7):
+        shares.append(process_share(bundle, expected=7, held=shares))
+    assert sum(share["CPU"] for share in shares) <= bundle["CPU"]

@@ -24,6 +24,8 @@ tests/scheduler/test_scheduler_imports.py):
 - `transport`: how a group's call reaches its ranks and comes back: the `CallTransport` interface, per-rank handles
   (`RankCall`) that settle with a result or a `WorkerError` naming group, rank and method, and `RayCalls`.
 - `future`: `GroupFuture` and `wait_all`, which wait through those handles whatever transport sent them.
+- `hosts`: the process each rank runs in, which becomes its worker; a re-placed run's new ranks take over the old
+  ranks' processes on their devices instead of starting new ones.
 - `mailbox`, `channel`: the data plane: each process's mailbox and the keyed queues between groups.
 - `serving`: `serve` and `ServedCalls`, the transport through the mailboxes, for loops where a Ray call per step
   would cost a large share of the step (benchmarks/handoff.py), and the workers' loop that answers it.

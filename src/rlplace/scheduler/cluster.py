@@ -30,7 +30,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlplace.placement.cores import device_cores
 from rlplace.scheduler.errors import ClusterError
-from rlplace.scheduler.group import WorkerGroup, terminate_groups
+from rlplace.scheduler.group import GRACEFUL_EXIT_S, WorkerGroup, terminate_groups
+from rlplace.scheduler.hosts import Device, HostProcess, IdleHosts, host_actor
 from rlplace.scheduler.hub import Hosted
 from rlplace.scheduler.rendezvous import create_rendezvous
 from rlplace.scheduler.reservation import Bundle, Reservation, cpu_bundles, gpu_bundles, process_share
@@ -72,6 +73,8 @@ class Cluster:
         self.run_id = uuid.uuid4().hex[:8]
         """Names this run's placement groups in Ray's accounting."""
         self._groups: list[WorkerGroup] = []
+        self._idle = IdleHosts()
+        """Worker processes a switch kept for the next groups (`replace`)."""
         self._rendezvous: Hosted | None = None
         self._owns_connection = False  # this object called ray.init, so it calls ray.shutdown
         self._started_ray = False  # ... and that ray.init started Ray's processes here
@@ -180,11 +183,18 @@ class Cluster:
         """Make room for a new set of worker processes in the same Ray session (a running job re-placed): stop every
         group and share the devices out anew, for `placements`, at the next launch. The reservation is the whole
         cluster's devices, whatever runs on them, so it is kept: no other run can take the devices between the old
-        groups and the new, and the switch never waits for them. The rendezvous starts afresh, so the new groups'
-        names are free. ClusterError if the new processes overload the nodes."""
+        groups and the new, and the switch never waits for them. On nodes without GPUs the old workers' processes
+        are kept for the new ranks on their devices (`hosts.py`); the others stop. The rendezvous starts afresh, so
+        the new groups' names are free. ClusterError if the new processes overload the nodes."""
         self._check_load(self._device_cores, Counter(p.node_rank for p in placements))
-        terminate_groups(self._groups)
-        self._groups = []
+        groups, self._groups = self._groups, []
+        if self.has_gpus:
+            terminate_groups(groups)
+        else:
+            running = [host for group in groups if not group.terminated for host in group.hosts]
+            for group in groups:
+                group.terminated = True
+            self._idle.keep(running, Counter(self._first_device(p) for p in placements), GRACEFUL_EXIT_S)
         if self._rendezvous is not None:
             self._rendezvous.close()
             self._rendezvous = None
@@ -209,37 +219,48 @@ class Cluster:
                 raise
         return self._reservation
 
-    def worker_options(self, placements: Sequence[Placement]) -> list[dict[str, Any]]:
-        """The Ray scheduling options of a new group's ranks: each goes into the bundle of its first device and
-        asks for its share of it (`process_share`), counting the processes of running groups already there.
-
-        A process on several devices takes its share of the first device's bundle only (Ray schedules an actor
-        into one bundle); the others stay reserved for the run. A process without devices runs in its node's
-        reservation and asks for nothing.
-        """
+    def hosts(self, placements: Sequence[Placement], envs: Sequence[dict[str, str]], name: str) -> list[HostProcess]:
+        """A process for each rank of a new group of worker class `name`: one a switch kept on the rank's first
+        device (`replace`), or a new one in the bundle of that device, asking for its share of it (`process_share`).
+        A process on several devices takes its share of the first device's bundle only (Ray schedules an actor into
+        one bundle); the others stay reserved for the run. A process without devices runs in its node's reservation
+        and asks for nothing. On a node with GPUs a new process starts with its rank's environment (`envs`), which
+        CUDA reads once; elsewhere the rank sets its own (`Worker._start_rank`): a Ray runtime environment costs
+        every process a second Python start."""
         reservation = self.reserve()
-        running = (p for group in self._groups if not group.terminated for p in group.placements)
-        placed = Counter(self._first_device(p) for p in running)
-        options = []
-        for p in placements:
-            device = self._first_device(p)
-            share = {} if device is None else self._share(device, placed[device])
-            placed[device] += 1
-            local = None if device is None else device[1]
-            strategy = reservation.strategy(p.node_rank, local)
-            options.append(
-                {"scheduling_strategy": strategy, "num_cpus": share.get("CPU", 0.0), "num_gpus": share.get("GPU", 0.0)}
-            )
-        return options
+        found: list[HostProcess] = []
+        for placement, env in zip(placements, envs, strict=True):
+            device = self._first_device(placement)
+            host = self._idle.take(device, name)
+            if host is None:
+                node_rank, local = device
+                there = [*self._held(device), *(host for host in found if host.device == device)]
+                share = {} if local is None else self._share(node_rank, local, there)
+                options: dict[str, Any] = {"runtime_env": {"env_vars": env}} if self.has_gpus else {}
+                actor = host_actor(name).options(
+                    scheduling_strategy=reservation.strategy(node_rank, local),
+                    num_cpus=share.get("CPU", 0.0),
+                    num_gpus=share.get("GPU", 0.0),
+                    max_restarts=0,
+                    **options,
+                )
+                host = HostProcess(actor.remote(), device, share, name)
+            found.append(host)
+        return found
 
-    def _first_device(self, placement: Placement) -> tuple[int, int] | None:
-        """(node rank, local device) of the device whose bundle a process is scheduled into; None without one."""
-        return (placement.node_rank, placement.local_devices[0]) if placement.local_devices else None
+    def _first_device(self, placement: Placement) -> Device:
+        """(node rank, local device) of the device whose bundle a process is scheduled into; (node rank, None) for
+        a process without devices."""
+        return placement.node_rank, placement.local_devices[0] if placement.local_devices else None
 
-    def _share(self, device: tuple[int, int], placed: int) -> Bundle:
-        node_rank, local = device
+    def _held(self, device: Device) -> list[HostProcess]:
+        """The processes on `device` now: those of running groups, and those a switch kept for the next groups."""
+        running = (host for group in self._groups if not group.terminated for host in group.hosts)
+        return [host for host in (*running, *self._idle) if host.device == device]
+
+    def _share(self, node_rank: int, local: int, there: Sequence[HostProcess]) -> Bundle:
         expected = self._processes_per_device.get(node_rank * self.num_devices_per_node + local, 1)
-        return process_share(self._bundles[node_rank][local], expected, placed)
+        return process_share(self._bundles[node_rank][local], expected, [host.share for host in there])
 
     def _node_bundles(self, node_rank: int) -> list[Bundle]:
         """One bundle per logical device of a node, sized by what Ray offers on that node."""
@@ -257,6 +278,7 @@ class Cluster:
         atexit.unregister(self.shutdown)
         try:
             terminate_groups(self._groups)
+            self._idle.stop()
             if self._rendezvous is not None:
                 self._rendezvous.close()  # when this process stays connected (a Hydra Ray launcher job)
             if self._reservation is not None:

@@ -3,15 +3,14 @@
 `group.method(*args)` calls `method` on every rank and returns one `GroupFuture`; `group.execute_on(0, 2).method()`
 calls a subset. Names are resolved in `__getattr__` against the worker class's public methods, so a typo fails at the
 call site with the list of valid methods rather than inside a remote process. Launching checks the placements against
-the cluster before any actor starts, then schedules one Ray actor per rank into the cluster's reservation of its
-device, asking for the rank's share of that device (`Cluster.worker_options`). `launch` starts one group and waits
-for it; a run with several groups `start`s them all and then `wait_started` waits for all at once, so that their
-processes start side by side.
+the cluster before any actor starts, then has each rank's process (`hosts.Host`: a new Ray actor in the cluster's
+reservation of the rank's device, asking for its share of it, or one a switch kept there: `Cluster.hosts`) become
+the worker. `launch` starts one group and waits for it; a run with several groups `start`s them all and then
+`wait_started` waits for all at once, so that their processes start side by side.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 import uuid
 from collections.abc import Sequence
@@ -19,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.actor import ActorClass, ActorHandle
 
 from rlplace.placement.placement import Placement
 from rlplace.placement.strategies import PlacementStrategy
 from rlplace.scheduler.context import WorkerContext, worker_env
 from rlplace.scheduler.future import GroupFuture, wait_all
+from rlplace.scheduler.hosts import HostProcess, stop
 from rlplace.scheduler.transport import CallTransport, RayCalls
 
 if TYPE_CHECKING:
@@ -53,6 +52,7 @@ _GROUP_ATTRIBUTES = frozenset(
         "transport",
         "ray_calls",
         "processes",
+        "hosts",
     }
 )
 """WorkerGroup's own attributes; a worker method of the same name could not be called through the group."""
@@ -91,19 +91,13 @@ class WorkerGroupSpec:
         if shadowed:
             raise TypeError(f"{self.worker_cls.__name__} methods {shadowed} are WorkerGroup attributes; rename them")
         cluster.check_group_name(name)
-        ray_options = cluster.worker_options(placements)  # may wait for the devices: before picking a free port
-
+        cluster.reserve()  # may wait for the devices: before picking a free port
         uid = f"{name}-{uuid.uuid4().hex[:8]}"
         ray.get(cluster.rendezvous.register_group.remote(name, uid, len(placements)))
         master_addr = cluster.node_ip(placements[0].node_rank)
         master_port = cluster.free_port(placements[0].node_rank)
-        actor_cls = _actor_class(self.worker_cls)
-        # With GPUs on a node, a process starts with its rank's variables (CUDA reads them once); elsewhere the rank
-        # sets them itself: a Ray runtime environment costs every process a second Python start.
-        with_env = cluster.has_gpus
-        workers = []
-        for placement, options in zip(placements, ray_options, strict=True):
-            context = WorkerContext(
+        contexts = [
+            WorkerContext(
                 group_name=name,
                 group_uid=uid,
                 placement=placement,
@@ -111,18 +105,19 @@ class WorkerGroupSpec:
                 cores=_cores(cluster, placement),
                 rendezvous=cluster.rendezvous.address,
             )
-            env = worker_env(context, master_addr, master_port)
-            if with_env:
-                actor = actor_cls.options(**options, max_restarts=0, runtime_env={"env_vars": env})
-                workers.append(actor.remote(None, self.args, self.kwargs))
-            else:
-                workers.append(actor_cls.options(**options, max_restarts=0).remote(env, self.args, self.kwargs))
-
-        group = WorkerGroup(name, self.worker_cls, placements, workers, methods, cluster.call_timeout_s)
+            for placement in placements
+        ]
+        envs = [worker_env(context, master_addr, master_port) for context in contexts]
+        hosts = cluster.hosts(placements, envs, self.worker_cls.__name__)
+        # A process that started with its rank's environment (on a node with GPUs, `Cluster.hosts`) is not given it.
+        ready = [
+            host.actor.become.remote(self.worker_cls, None if cluster.has_gpus else env, self.args, self.kwargs)
+            for host, env in zip(hosts, envs, strict=True)
+        ]
+        group = WorkerGroup(name, self.worker_cls, placements, hosts, methods, cluster.call_timeout_s)
         cluster.add_group(group)
-        ready = [worker._process.remote() for worker in workers]  # once `__init__` has run
         deadline = None if cluster.call_timeout_s is None else max(cluster.call_timeout_s, LAUNCH_DEADLINE_MIN_S)
-        init = group.ray_calls.track("__init__", range(len(workers)), ready)
+        init = group.ray_calls.track("__init__", range(len(hosts)), ready)
         return StartingGroup(group, GroupFuture(name, "__init__", init, deadline))
 
 
@@ -162,7 +157,7 @@ class WorkerGroup:
         name: str,
         worker_cls: type[Worker],
         placements: list[Placement],
-        workers: list[ActorHandle],
+        hosts: list[HostProcess],
         methods: frozenset[str],
         call_timeout_s: float | None = None,
     ) -> None:
@@ -171,9 +166,11 @@ class WorkerGroup:
         """The deadline of every call's future when waited on without a timeout (None: no deadline)."""
         self.worker_cls = worker_cls
         self.placements = placements
-        self.workers = workers
+        self.hosts = hosts
+        """The ranks' processes (`hosts.py`), by rank."""
+        self.workers = [host.actor for host in hosts]
         self.terminated = False
-        self.ray_calls = RayCalls(name, workers)
+        self.ray_calls = RayCalls(name, self.workers)
         """The group's default transport: one Ray actor call per rank."""
         self.transport: CallTransport = self.ray_calls
         """How calls reach the ranks now: `ray_calls`, or while the group is served (`rlplace.scheduler.serving.serve`)
@@ -250,14 +247,10 @@ class GroupMethod:
 
 def terminate_groups(groups: Sequence[WorkerGroup], graceful_s: float = GRACEFUL_EXIT_S) -> None:
     """Terminate several groups at once, so their ranks share one graceful period; skips terminated groups."""
-    workers = [worker for group in groups if not group.terminated for worker in group.workers]
+    hosts = [host for group in groups if not group.terminated for host in group.hosts]
     for group in groups:
         group.terminated = True
-    exits = [worker.__ray_terminate__.remote() for worker in workers]
-    if exits:
-        ray.wait(exits, num_returns=len(exits), timeout=graceful_s)
-    for worker in workers:
-        ray.kill(worker, no_restart=True)
+    stop(hosts, graceful_s)
 
 
 def public_methods(worker_cls: type) -> frozenset[str]:
@@ -306,17 +299,3 @@ def _cores(cluster: Cluster, placement: Placement) -> tuple[int, ...]:
         return ()
     cores = (cluster.cores_of(placement.node_rank, device) for device in placement.local_devices)
     return tuple(sorted({core for device_cores in cores for core in device_cores}))
-
-
-@functools.cache
-def _actor_class(worker_cls: type[Worker]) -> ActorClass:
-    """One Ray actor class per worker class, so Ray exports the class once, not once per launch: the worker class
-    under its own name, whose constructor first sets up the rank and then runs the worker's own."""
-
-    def __init__(self: Worker, env: dict[str, str] | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """`env`: the rank's environment, or None when its process started with it."""
-        self._start_rank(env)
-        worker_cls.__init__(self, *args, **kwargs)  # not super(): Ray runs a subclass of this class
-
-    namespace = {"__init__": __init__, "__module__": worker_cls.__module__, "__qualname__": worker_cls.__qualname__}
-    return ray.remote(type(worker_cls.__name__, (worker_cls,), namespace))

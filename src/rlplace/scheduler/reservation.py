@@ -58,15 +58,19 @@ def gpu_bundles(num_devices: int, node_resources: dict[str, float]) -> list[Bund
     return [{"GPU": 1.0, "CPU": cpus} if cpus else {"GPU": 1.0} for _ in range(num_devices)]
 
 
-def process_share(bundle: Bundle, expected: int, placed: int) -> Bundle:
-    """What a new process asks of its device's bundle when `placed` processes are already on the device.
+def process_share(bundle: Bundle, expected: int, held: Sequence[Bundle]) -> Bundle:
+    """What a new process asks of its device's bundle when processes holding `held` are already on the device.
 
-    The bundle is split evenly between the `expected` processes of the device; processes past that number (a driver
-    that declared fewer) ask for nothing, so the bundle still covers the sum of the shares and none waits forever.
+    What the bundle has left is split evenly between the processes of the device still to come (of `expected`), so
+    shares that processes kept from another placement (a switch's reused hosts, `hosts.py`) and the new ones never
+    sum past the bundle; processes past `expected` (a driver that declared fewer) ask for nothing, so none waits
+    forever.
     """
-    if placed >= expected:
+    to_come = expected - len(held)
+    if to_come <= 0:
         return {}
-    return {resource: quantize(amount / expected) for resource, amount in bundle.items()}
+    left = {name: amount - sum(share.get(name, 0.0) for share in held) for name, amount in bundle.items()}
+    return {name: quantize(max(0.0, amount) / to_come) for name, amount in left.items()}
 
 
 class Reservation:

@@ -218,7 +218,7 @@ def serve(*groups: WorkerGroup, timeout_s: float = 120.0) -> Iterator[None]:
     try:
         for group in groups:
             channel.subscribe(_replies_key(group.name))
-            refs = [worker._serve.remote(channel) for worker in group.workers]
+            refs = [worker.call.remote("_serve", (channel,), {}) for worker in group.workers]
             servings.append(ServedCalls(group.name, channel, refs))
         _wait_ready(servings, timeout_s)
         for group, serving in zip(groups, servings, strict=True):

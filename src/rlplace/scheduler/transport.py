@@ -90,7 +90,7 @@ class RayCall(RankCall):
 
 
 class RayCalls(CallTransport):
-    """A group's calls as Ray actor calls, one per rank: Ray runs each actor's calls in the order sent."""
+    """A group's calls as Ray actor calls, one per rank (`Host.call`): Ray runs each actor's calls in the order sent."""
 
     def __init__(self, group: str, workers: Sequence[ActorHandle]) -> None:
         self.group = group
@@ -98,7 +98,7 @@ class RayCalls(CallTransport):
 
     def send(self, method: str, ranks: Sequence[int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[RankCall]:
         workers, group = self.workers, self.group
-        return [RayCall(group, rank, method, getattr(workers[rank], method).remote(*args, **kwargs)) for rank in ranks]
+        return [RayCall(group, rank, method, workers[rank].call.remote(method, args, kwargs)) for rank in ranks]
 
     def track(self, method: str, ranks: Sequence[int], refs: Sequence[ray.ObjectRef]) -> list[RankCall]:
         """Handles for Ray calls made otherwise (an actor's start, `Worker._process`), reported as `method`."""
@@ -109,7 +109,8 @@ def translate_ray_error(group: str, rank: int, method: str, error: RayError) -> 
     """Ray's exception for a failed call, as a WorkerError naming group, rank and method."""
     if isinstance(error, RayTaskError):
         traceback = _ANSI.sub("", str(error))
-        return WorkerError(group, rank, method, "raised an exception", traceback, error.cause)
+        reason = "failed: the worker's __init__ raised" if method == "__init__" else "raised an exception"
+        return WorkerError(group, rank, method, reason, traceback, error.cause)
     if isinstance(error, RayActorError) and error.actor_init_failed:
         traceback = _ANSI.sub("", str(error))
         return WorkerError(group, rank, method, "failed: the worker's __init__ raised", traceback)

@@ -20,7 +20,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.actor import ActorClass
 
 from rlplace.metrics.timeline import Span, make_span
 from rlplace.placement.placement import Placement
@@ -53,8 +52,6 @@ class Worker:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Worker:
         self = super().__new__(cls)
-        if issubclass(cls, ActorClass):
-            return self  # `ray.remote(cls)` builds its handle class from the worker class; not a worker process
         if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
             raise RuntimeError(
                 f"{cls.__name__} is a Worker and runs only as part of a worker group: use "
@@ -64,8 +61,8 @@ class Worker:
         return self
 
     def _start_rank(self, env: dict[str, str] | None) -> None:
-        """Set up this process as its rank, before the worker's own `__init__`: its environment (`env`; None when
-        the process started with it), its context and its cores."""
+        """Set up this process as its rank, before the worker's own `__init__` (`hosts.Host.become`): its environment
+        (`env`; None when the process started with it), its context and its cores."""
         if env is not None:
             os.environ.update(env)
         context = WorkerContext.from_env()
@@ -76,6 +73,13 @@ class Worker:
         self._device_memory = DeviceMemory()
         if context.cores:
             pin_process(context.cores)
+
+    def _leave(self) -> None:
+        """Give back what this rank holds of its process, which may become another worker next (a re-placed run's,
+        `hosts.py`): torch.distributed's process groups."""
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
     @classmethod
     def create_group(cls, *args: Any, **kwargs: Any) -> WorkerGroupSpec:

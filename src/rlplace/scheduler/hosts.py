@@ -1,0 +1,157 @@
+"""Worker processes that outlive their worker: a re-placed run's new groups start in the processes of its old ones.
+
+Every rank runs inside a `Host`, a Ray actor that becomes one worker (`become`: the rank's set-up, then the worker's
+own `__init__`) and runs its calls (`call`). Starting a process and importing torch and the model classes is most of
+what launching a group costs, and almost all of what a switch of placement costs (`benchmarks/replace.py`), so at a
+switch (`Cluster.replace`) the hosts retire their workers instead of exiting, and the new groups' ranks become
+workers in them: a rank whose first device is a retired host's takes it over, re-pinned to its own cores.
+
+A host is kept only where that leaves nothing of the old worker behind. A retired worker gives back its
+torch.distributed process group (`Worker._leave`); a process that loaded vLLM is never reused (its engine keeps
+process-wide state: its own distributed world, registered ops); nor is any on a node with GPUs, where a process
+starts with its rank's CUDA variables (`WorkerGroupSpec.start`). A retired host that no new rank takes is stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import ray
+from ray.actor import ActorClass, ActorHandle
+
+from rlplace.scheduler.reservation import Bundle
+
+if TYPE_CHECKING:
+    from rlplace.scheduler.worker import Worker
+
+Device = tuple[int, int | None]
+"""(node rank, local device) of the bundle a process is scheduled into; local device None: a process without
+devices, in its node's reservation."""
+
+ACTOR_NAME_TOKEN = ":actor_name:"
+"""A line of a process's output that starts with it names the actor in the prefix of its log lines on the driver's
+console (Ray's log monitor reads it: `ray._private.ray_constants.LOG_PREFIX_ACTOR_NAME`)."""
+
+
+class Host:
+    """One worker process, holding one worker at a time (`become`, `retire`)."""
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+
+    def become(
+        self, worker_cls: type[Worker], env: dict[str, str] | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str, int]:
+        """Set up this process as a rank (`env`: its environment; None when the process started with it), then build
+        the worker; returns the rank's (host, process id)."""
+        worker = worker_cls.__new__(worker_cls)
+        worker._start_rank(env)
+        self._take_name(worker)
+        worker.__init__(*args, **kwargs)  # type: ignore[misc]
+        self.worker = worker
+        return worker._process()
+
+    def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run one of the worker's methods."""
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def retire(self) -> bool:
+        """Drop the worker and what it took of the process; returns whether the process may become another worker."""
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker._leave()
+        del worker
+        gc.collect()
+        return "vllm" not in sys.modules
+
+    def _take_name(self, worker: Worker) -> None:
+        """Go by the worker's name where Ray shows the process: its log lines' prefix (`ACTOR_NAME_TOKEN`) and its
+        title (`ps`, `top`) between calls, `ray::` and the class name of the actor, which Ray reads after each call.
+        (During a call Ray shows the class the process started as: `IdleHosts.take` prefers a host of that name.)"""
+        self.__class__ = named_host(type(worker).__name__)
+        name = f"{ACTOR_NAME_TOKEN}{type(worker).__name__} {worker.group_name}/{worker.rank}"
+        for stream in (sys.stdout, sys.stderr):
+            print(name, file=stream, flush=True)
+
+
+@functools.cache
+def named_host(name: str) -> type[Host]:
+    """`Host` under a worker class's name, which Ray shows as the process's."""
+    return type(name, (Host,), {"__module__": Host.__module__, "__qualname__": name})
+
+
+@functools.cache
+def host_actor(name: str) -> ActorClass:
+    """The Ray actor class of hosts started for workers of class `name` (made once: Ray exports it once)."""
+    return ray.remote(named_host(name))
+
+
+@dataclass(frozen=True, eq=False)
+class HostProcess:
+    """A host as the driver sees it: its actor, the device whose bundle it runs in, the share of that bundle it holds
+    (`reservation.process_share`), which it keeps from one worker to the next, and the name it started under."""
+
+    actor: ActorHandle
+    device: Device
+    share: Bundle
+    name: str
+
+
+class IdleHosts:
+    """The hosts a switch retired and kept for the groups that start next, by device."""
+
+    def __init__(self) -> None:
+        self._idle: dict[Device, list[HostProcess]] = defaultdict(list)
+
+    def __iter__(self) -> Iterator[HostProcess]:
+        return (host for hosts in self._idle.values() for host in hosts)
+
+    def keep(self, hosts: Sequence[HostProcess], wanted: Counter[Device], timeout_s: float) -> None:
+        """Retire the workers of `hosts` and keep, per device, up to `wanted[device]` of those whose process can be
+        reused; stop the others, and those that do not retire within `timeout_s`."""
+        retiring = {host.actor.retire.remote(): host for host in hosts}
+        ready = ray.wait(list(retiring), num_returns=len(retiring), timeout=timeout_s)[0] if retiring else []
+        kept = Counter[Device]()
+        for ref in ready:
+            host = retiring.pop(ref)
+            try:
+                reusable = ray.get(ref)
+            except ray.exceptions.RayError:
+                reusable = False
+            if reusable and kept[host.device] < wanted[host.device]:
+                kept[host.device] += 1
+                self._idle[host.device].append(host)
+            else:
+                retiring[ref] = host
+        stop(list(retiring.values()))
+
+    def take(self, device: Device, name: str) -> HostProcess | None:
+        """An idle host on `device`, taken: one started for a worker of class `name` if there is one (Ray shows it
+        under that name); None when there is none."""
+        idle = self._idle.get(device)
+        if not idle:
+            return None
+        same = [host for host in idle if host.name == name]
+        host = (same or idle)[0]
+        idle.remove(host)
+        return host
+
+    def stop(self) -> None:
+        """Stop every idle host."""
+        stop(list(self))
+        self._idle.clear()
+
+
+def stop(hosts: Sequence[HostProcess], graceful_s: float = 0.0) -> None:
+    """Let `hosts` finish their current call and exit, then kill those still alive after `graceful_s`."""
+    exits = [host.actor.__ray_terminate__.remote() for host in hosts] if graceful_s > 0 else []
+    if exits:
+        ray.wait(exits, num_returns=len(exits), timeout=graceful_s)
+    for host in hosts:
+        ray.kill(host.actor, no_restart=True)

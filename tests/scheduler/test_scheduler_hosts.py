@@ -1,0 +1,92 @@
+"""Worker processes kept across a re-placement (`Cluster.replace`): the new ranks take over the old processes on their
+devices, re-pinned, with a fresh torch.distributed group; the processes no rank takes stop; shares kept from the old
+placement leave room for the new processes; a process that loaded vLLM is not reused."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import types
+from collections.abc import Iterator
+
+import pytest
+
+from rlplace.scheduler import Cluster, Worker
+from tests.scheduler.helpers import on_devices
+
+
+class Rank(Worker):
+    """Says which process it runs in and where, and averages a number over its group with torch.distributed."""
+
+    def where(self) -> tuple[int, str, int, list[int]]:
+        return os.getpid(), self.group_name, self.rank, sorted(os.sched_getaffinity(0))
+
+    def mean_rank(self) -> float:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            self.init_process_group(timeout_s=60)
+        tensor = torch.tensor([float(self.rank)])
+        dist.all_reduce(tensor)
+        return tensor.item() / self.world_size
+
+    def load_vllm(self) -> None:
+        """Stand in for a rollout that built a vLLM engine: the host looks for the module."""
+        sys.modules.setdefault("vllm", types.ModuleType("vllm"))
+
+
+def gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_re_placed_run_starts_its_ranks_in_the_old_ranks_processes(cluster: Cluster) -> None:
+    old = Rank.create_group().launch(cluster, name="old", placement_strategy=on_devices((0,), (1,), (1,)))
+    before = [pid for pid, *_ in old.where().wait()]
+    assert old.mean_rank().wait() == [1.0] * 3  # the old ranks hold a process group
+
+    cluster.replace(on_devices((1,), (0,), (0,)))  # device 1 keeps one of its processes, device 0 needs one more
+    new = Rank.create_group().start(cluster, name="new", placement_strategy=on_devices((1,), (0,), (0,)))
+    new.init.wait(timeout=60)  # the shares the kept processes hold leave room for the new one
+    after = new.group.where().wait()
+    pids = [pid for pid, *_ in after]
+    assert pids[0] in before[1:]  # device 1's rank took over one of device 1's processes
+    assert sorted(pid in before for pid in pids[1:]) == [False, True]  # device 0's: its one process, and a new one
+    assert before[0] in pids[1:]
+    assert [(group, rank, cores) for _, group, rank, cores in after] == [
+        ("new", 0, list(cluster.cores_of(0, 1))),
+        ("new", 1, list(cluster.cores_of(0, 0))),
+        ("new", 2, list(cluster.cores_of(0, 0))),
+    ]
+    assert all(gone(pid) for pid in set(before[1:]) - {pids[0]})  # the process no rank took stopped
+    assert new.group.mean_rank().wait() == [1.0] * 3  # a process group of the new ranks, in the same processes
+
+    cluster.replace([])
+    assert all(gone(pid) for pid in pids)
+
+
+def test_a_process_that_loaded_vllm_is_not_reused(cluster: Cluster) -> None:
+    old = Rank.create_group().launch(cluster, name="old", placement_strategy=on_devices((0,), (1,)))
+    old.execute_on(1).load_vllm().wait()
+    pids = [pid for pid, *_ in old.where().wait()]
+
+    cluster.replace(on_devices((0,), (1,)))
+    new = Rank.create_group().launch(cluster, name="new", placement_strategy=on_devices((0,), (1,)))
+    after = [pid for pid, *_ in new.where().wait()]
+    assert after[0] == pids[0] and after[1] != pids[1]
+    assert gone(pids[1])
+
+
+@pytest.fixture(autouse=True)
+def _leave_no_process(cluster: Cluster) -> Iterator[None]:
+    """Each test ends with no worker process left, and the shared cluster sharing its devices as when it started."""
+    yield
+    cluster.replace([])
