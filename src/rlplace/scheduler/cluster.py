@@ -29,13 +29,14 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlplace.placement.cores import device_cores
+from rlplace.scheduler import parking
 from rlplace.scheduler.errors import ClusterError
 from rlplace.scheduler.group import GRACEFUL_EXIT_S, WorkerGroup, terminate_groups
 from rlplace.scheduler.hosts import Device, HostProcess, IdleHosts, host_actor
 from rlplace.scheduler.hub import Hosted
 from rlplace.scheduler.rendezvous import create_rendezvous
 from rlplace.scheduler.reservation import Bundle, Reservation, cpu_bundles, gpu_bundles, process_share
-from rlplace.scheduler.session import attach, disconnect, head_address, local_gpus, start_local_ray
+from rlplace.scheduler.session import attach, disconnect, head_address, local_gpus, start_local_ray, started_here
 
 if TYPE_CHECKING:  # for the annotation only: rlplace.core imports the scheduler, never the other way round
     from rlplace.core.config import ClusterConfig
@@ -60,8 +61,8 @@ class Cluster:
         between the processes on it; a device none of them names is taken whole by its first process.
         `cluster.reserve_timeout_s` bounds the wait for devices that other runs on the same Ray hold. `keep_ray`: an
         embedded Ray this cluster starts outlives it, for the runs this process starts next (the later jobs of a
-        multirun), and stops when the process exits; each run still reserves its own devices and stops its own
-        workers."""
+        multirun), and stops when the process exits. On an embedded Ray that this process started, a run that ends
+        cleanly hands its reservation and worker processes on to the next run of the same shape (`parking.py`)."""
         if cfg.device_type not in ("cpu", "gpu"):
             raise ClusterError(f"cluster.device_type must be 'cpu' or 'gpu', got {cfg.device_type!r}")
         if cfg.num_nodes < 1 or cfg.num_devices_per_node < 1:
@@ -83,6 +84,8 @@ class Cluster:
         self._reservation: Reservation | None = None
         self._processes_per_device = Counter(p.devices[0] for p in placements if p.devices)
         """Global device -> the worker processes whose first device it is (their bundle is that device's)."""
+        self._wanted = Counter(self._first_device(p) for p in placements)
+        """The run's processes by the device whose bundle they go in: how many kept processes it can take."""
         self.reserve_timeout_s = cfg.reserve_timeout_s
         load = Counter(p.node_rank for p in placements)
         self._max_oversubscription = cfg.max_oversubscription
@@ -100,6 +103,8 @@ class Cluster:
             attach(cfg)
             self._owns_connection = True
             where = f"the Ray cluster at {cfg.address!r}"
+        self._parks = started_here() and (keep_ray or not self._owns_connection)
+        """Whether a clean end parks the reservation and processes for this process's next run (`parking.py`)."""
         atexit.register(self.shutdown)
         try:
             self._nodes = _rank_nodes(where, cfg)
@@ -187,18 +192,25 @@ class Cluster:
         are kept for the new ranks on their devices (`hosts.py`); the others stop. The rendezvous starts afresh, so
         the new groups' names are free. ClusterError if the new processes overload the nodes."""
         self._check_load(self._device_cores, Counter(p.node_rank for p in placements))
-        groups, self._groups = self._groups, []
+        self._wanted = Counter(self._first_device(p) for p in placements)
         if self.has_gpus:
-            terminate_groups(groups)
+            terminate_groups(self._groups)
+            self._groups = []
         else:
-            running = [host for group in groups if not group.terminated for host in group.hosts]
-            for group in groups:
-                group.terminated = True
-            self._idle.keep(running, Counter(self._first_device(p) for p in placements), GRACEFUL_EXIT_S)
+            self._retire_groups(self._wanted)
         if self._rendezvous is not None:
             self._rendezvous.close()
             self._rendezvous = None
         self._processes_per_device = Counter(p.devices[0] for p in placements if p.devices)
+
+    def _retire_groups(self, wanted: Counter[Device] | None) -> None:
+        """Retire every running group's workers and keep their processes for the groups that start next (`hosts.py`),
+        up to `wanted` per device (None: all that can be reused)."""
+        running = [host for group in self._groups if not group.terminated for host in group.hosts]
+        for group in self._groups:
+            group.terminated = True
+        self._groups = []
+        self._idle.keep(running, wanted, GRACEFUL_EXIT_S)
 
     def add_group(self, group: WorkerGroup) -> None:
         """Track a launched group so that `shutdown` tears it down."""
@@ -207,7 +219,11 @@ class Cluster:
     def reserve(self) -> Reservation:
         """Hold the run's devices in Ray, waiting while other runs on the same Ray hold them (ClusterError after
         `reserve_timeout_s`). The first launch calls it, so a Cluster used only for its Ray connection (a test
-        fixture that other runs join) holds no devices; a driver may call it earlier. Idempotent."""
+        fixture that other runs join) holds no devices; a driver may call it earlier. Idempotent. Takes over what
+        this process's last run parked, when made for the same nodes and devices (`parking.py`)."""
+        if self._reservation is None and self._parks and (parked := parking.take(self.node_ids, self._bundles)):
+            self._reservation, self._idle = parked.reservation, parked.idle
+            self._idle.trim(self._wanted)
         if self._reservation is None:
             # Kept from here on, so that `shutdown` withdraws it also when Ctrl-C ends the wait.
             self._reservation = Reservation(f"rlplace.{self.run_id}", self.node_ids, self._bundles)
@@ -269,31 +285,38 @@ class Cluster:
             return gpu_bundles(self.num_devices_per_node, resources)
         return cpu_bundles(self._device_cores[node_rank], resources["CPU"])
 
-    def shutdown(self) -> None:
+    def shutdown(self, park: bool = False) -> None:
         """Terminate every worker group (gracefully, then by force), then disconnect from Ray, stopping it if it
-        was started here and killing any of its processes still alive then. Idempotent."""
+        was started here and killing any of its processes still alive then. Idempotent. `park` (a run that ended
+        cleanly): where this process's next run may take them over, the reservation and the retired workers'
+        processes are parked instead (`parking.py`)."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self.shutdown)
         try:
-            terminate_groups(self._groups)
-            self._idle.stop()
+            if park and self._parks and self._reservation is not None and not self.has_gpus:
+                self._retire_groups(None)
+                parking.park(self._reservation, self._idle, self.node_ids, self._bundles)
+            else:
+                terminate_groups(self._groups)
+                self._idle.stop()
+                if self._reservation is not None:
+                    self._reservation.release()
             if self._rendezvous is not None:
                 self._rendezvous.close()  # when this process stays connected (a Hydra Ray launcher job)
-            if self._reservation is not None:
-                self._reservation.release()
         finally:
             if self._keep_ray and self._started_ray:
                 atexit.register(disconnect, stop=True)
             elif self._owns_connection:
+                parking.forget()
                 disconnect(stop=self._started_ray)
 
     def __enter__(self) -> Cluster:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.shutdown()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        self.shutdown(park=exc_type is None)
 
     def __repr__(self) -> str:
         return f"Cluster({self.num_nodes} nodes x {self.num_devices_per_node} {self.device_type} devices)"

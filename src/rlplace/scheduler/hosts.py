@@ -112,24 +112,30 @@ class IdleHosts:
     def __iter__(self) -> Iterator[HostProcess]:
         return (host for hosts in self._idle.values() for host in hosts)
 
-    def keep(self, hosts: Sequence[HostProcess], wanted: Counter[Device], timeout_s: float) -> None:
+    def keep(self, hosts: Sequence[HostProcess], wanted: Counter[Device] | None, timeout_s: float) -> None:
         """Retire the workers of `hosts` and keep, per device, up to `wanted[device]` of those whose process can be
-        reused; stop the others, and those that do not retire within `timeout_s`."""
+        reused (None: all of them); stop the others, and those that do not retire within `timeout_s`."""
         retiring = {host.actor.retire.remote(): host for host in hosts}
         ready = ray.wait(list(retiring), num_returns=len(retiring), timeout=timeout_s)[0] if retiring else []
-        kept = Counter[Device]()
         for ref in ready:
-            host = retiring.pop(ref)
             try:
                 reusable = ray.get(ref)
             except ray.exceptions.RayError:
                 reusable = False
-            if reusable and kept[host.device] < wanted[host.device]:
-                kept[host.device] += 1
+            if reusable:
+                host = retiring.pop(ref)
                 self._idle[host.device].append(host)
-            else:
-                retiring[ref] = host
         stop(list(retiring.values()))
+        if wanted is not None:
+            self.trim(wanted)
+
+    def trim(self, wanted: Counter[Device]) -> None:
+        """Stop the idle hosts past `wanted[device]` on each device."""
+        surplus = []
+        for device, idle in self._idle.items():
+            surplus += idle[wanted[device] :]
+            del idle[wanted[device] :]
+        stop(surplus)
 
     def take(self, device: Device, name: str) -> HostProcess | None:
         """An idle host on `device`, taken: one started for a worker of class `name` if there is one (Ray shows it

@@ -67,6 +67,18 @@ def start_local_ray(cfg: ClusterConfig) -> None:
         f.write(str(os.getpid()))
 
 
+def started_here() -> bool:
+    """Whether the Ray this process is connected to is an embedded one it started (`start_local_ray`)."""
+    session = _session_dir()
+    if session is None:
+        return False
+    try:
+        with open(os.path.join(session, OWNER_FILE)) as f:
+            return f.read() == str(os.getpid())
+    except OSError:
+        return False
+
+
 def reap_orphaned_sessions() -> list[str]:
     """Stop what the embedded Rays of SIGKILLed rlplace drivers left, and delete their session folders; the folders
     reaped.
