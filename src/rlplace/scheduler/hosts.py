@@ -4,7 +4,8 @@ Every rank runs inside a `Host`, a Ray actor that becomes one worker (`become`: 
 own `__init__`) and runs its calls (`call`). Starting a process and importing torch and the model classes is most of
 what launching a group costs, and almost all of what a switch of placement costs (`benchmarks/replace.py`), so at a
 switch (`Cluster.replace`) the hosts retire their workers instead of exiting, and the new groups' ranks become
-workers in them: a rank whose first device is a retired host's takes it over, re-pinned to its own cores.
+workers in them: a rank whose first device is a retired host's takes it over, re-pinned to its own cores. The next
+run of the same process takes over a finished run's hosts the same way (`parking.py`).
 
 A host is kept only where that leaves nothing of the old worker behind. A retired worker gives back its
 torch.distributed process group (`Worker._leave`); a process that loaded vLLM is never reused (its engine keeps
@@ -104,7 +105,7 @@ class HostProcess:
 
 
 class IdleHosts:
-    """The hosts a switch retired and kept for the groups that start next, by device."""
+    """Retired hosts kept for the groups that start next (after a switch, or in the next run), by device."""
 
     def __init__(self) -> None:
         self._idle: dict[Device, list[HostProcess]] = defaultdict(list)

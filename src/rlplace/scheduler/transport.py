@@ -101,7 +101,7 @@ class RayCalls(CallTransport):
         return [RayCall(group, rank, method, workers[rank].call.remote(method, args, kwargs)) for rank in ranks]
 
     def track(self, method: str, ranks: Sequence[int], refs: Sequence[ray.ObjectRef]) -> list[RankCall]:
-        """Handles for Ray calls made otherwise (an actor's start, `Worker._process`), reported as `method`."""
+        """Handles for Ray calls made otherwise (a rank's start, `Host.become`), reported as `method`."""
         return [RayCall(self.group, rank, method, ref) for rank, ref in zip(ranks, refs, strict=True)]
 
 
