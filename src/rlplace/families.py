@@ -23,12 +23,14 @@ from rlplace.core.registry import Registry
 from rlplace.embodied import checks as embodied_checks
 from rlplace.embodied import config as embodied_config
 from rlplace.embodied import planning as embodied_planning
+from rlplace.embodied import profile as embodied_profile
 from rlplace.placement import ComponentPlacement, HybridComponentPlacement
 from rlplace.planner import ProfileError
 from rlplace.reasoning import checks as reasoning_checks
 from rlplace.reasoning import config as reasoning_config
 from rlplace.reasoning import memory as reasoning_memory
 from rlplace.reasoning import planning as reasoning_planning
+from rlplace.reasoning import profile as reasoning_profile
 from rlplace.reasoning.tasks import TASKS as REASONING_TASKS
 
 if TYPE_CHECKING:
@@ -61,6 +63,9 @@ class Family:
     profile_placement: Callable[[int], str]
     """The placement preset a short profiling run takes on a cluster of that many devices (`placement=auto` without
     `plan.profile`): the one whose profile predicts the others best."""
+    shape: Callable[[Any], dict[str, Any]]
+    """The sizes that fix a run's step (profile.json's `config`): a re-plan writes them into the profile of the
+    run's own last steps (`rlplace.replace.own_profile`)."""
     own_sections: tuple[str, ...] = ()
     """Sections of this family alone whose config group's options start from `/schema/<section>/<family>` (the
     reasoning `reward`); other families' runs leave them unset."""
@@ -117,6 +122,7 @@ FAMILIES = (
         place=embodied_planning.place,
         # Each component on devices of its own where there are enough: the least contended units.
         profile_placement=lambda devices: "disaggregated" if devices >= 4 else "hybrid",
+        shape=embodied_profile.shape,
     ),
     Family(
         "reasoning",
@@ -128,6 +134,7 @@ FAMILIES = (
         place=reasoning_planning.place,
         # Two ranks a component, offloading and training apart: between the others in everything the model scales.
         profile_placement=lambda devices: "reasoning_hybrid" if devices >= 2 else "reasoning_collocated",
+        shape=reasoning_profile.shape,
         own_sections=("reward", "actor"),
         memory=reasoning_memory.predict_memory,
         option_schemas={"task": REASONING_TASKS},

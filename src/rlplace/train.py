@@ -89,7 +89,7 @@ def train(
     pending = [s for s in switches if resume is None or s.step > checkpoint.step_of(resume)]
     for switch in pending:  # each placement must fit the cluster before the first one starts
         check_start(switch.plan.cfg.cluster, processes(switch.plan))
-    schedule = Schedule(plan, pending, history)
+    schedule = Schedule(plan, pending, history, run_dir)
     try:
         with (
             Cluster(
@@ -112,6 +112,7 @@ def train(
                 predicted = None if current.prediction is None else current.prediction.step_s
                 context = RunContext(run_dir, logger, history, predicted, timeline, carried)
                 runner = launcher.runner(current.cfg, starting, context)
+                schedule.watch(runner.timeline, cluster.cores_by_device(), cluster.cores_by_node())
                 with runner.serving():
                     runner.init_workers()
                     if switch is None:

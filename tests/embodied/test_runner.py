@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from rlplace.embodied.profile import PROFILE_FILE
 from rlplace.families import resolve
 from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError
-from rlplace.replace import switches
+from rlplace.replace import OWN_PROFILES, switches
 from rlplace.scheduler import Cluster
 from rlplace.train import RUN_INFO, train
 from tests.planner.synthetic import write_profile
@@ -357,6 +358,13 @@ def test_async_training_resumes_exactly_under_another_placement(shared_ray: None
     info = json.loads((tmp_path / "planned" / RUN_INFO).read_text())
     (decision,) = info["replans"]  # after step 2 only: no switch is asked about after the last step
     assert decision["step"] == 2 and decision["switched"] and decision["predicted_gain_s"] > 0
+    # It planned from a profile of its own steps 0-1: the synthetic profile's units with the run's placement, sizes,
+    # metrics and timeline, on which the model calibrates, so that it predicts the placement they ran in about as
+    # they measured (as close as the synthetic units alone leave room for).
+    assert decision["profile"] == str(tmp_path / "planned" / OWN_PROFILES / "step_000002")
+    own = resolve(compose_run([*TINY, *ONE_EACH_COLLOCATED, *ASYNC, f"plan.profile={decision['profile']}"]))
+    measured = statistics.median(row["time/step"] for row in planned[:2])
+    assert own.family.predict(own.cfg, own.placement).step_s == pytest.approx(measured, rel=0.15)
     assert [r["step"] for r in info["replaced"]] == [2] and info["replaced"][0]["to"] == decision["to"]
     assert [row["step"] for row in planned] == [0, 1, 2, 3]
     for row, full in zip(planned, overlapped, strict=True):

@@ -31,6 +31,20 @@ FIRST_ACTOR_SIZE = 8
 """The smallest minibatch timed: below it an update costs about the same whatever its size."""
 
 
+def shape(cfg: EmbodiedConfig) -> dict[str, Any]:
+    """The sizes that fix a step's work, and what decides its phases."""
+    return {
+        "total_num_envs": cfg.task.total_num_envs,
+        "num_steps": cfg.rollout.num_steps,
+        "pipeline_stage_num": cfg.rollout.pipeline_stage_num,
+        "update_epochs": cfg.algorithm.update_epochs,
+        "num_minibatches": cfg.algorithm.num_minibatches,
+        "hidden_sizes": list(cfg.model.hidden_sizes),
+        "max_staleness": cfg.runner.max_staleness,
+        "offload": {name: getattr(cfg, name).enable_offload for name in ("env", "rollout", "actor")},
+    }
+
+
 def minibatch_size(cfg: EmbodiedConfig) -> int:
     """Samples per minibatch over all actor ranks: one step's samples over algorithm.num_minibatches (each actor
     rank's minibatch is its share of it)."""
@@ -70,16 +84,7 @@ def measure(
         "family": FAMILY,
         "env_id": cfg.task.env_id,
         **where_it_ran(cfg.cluster.device_type, cores, node_cores, placement),
-        "config": {
-            "total_num_envs": cfg.task.total_num_envs,
-            "num_steps": cfg.rollout.num_steps,
-            "pipeline_stage_num": cfg.rollout.pipeline_stage_num,
-            "update_epochs": cfg.algorithm.update_epochs,
-            "num_minibatches": cfg.algorithm.num_minibatches,
-            "hidden_sizes": list(cfg.model.hidden_sizes),
-            "max_staleness": cfg.runner.max_staleness,
-            "offload": {name: getattr(cfg, name).enable_offload for name in ("env", "rollout", "actor")},
-        },
+        "config": shape(cfg),
         "env": {"sizes": run_sizes, "seconds": env_seconds},
         "rollout": {"sizes": run_sizes, "seconds": rollout_seconds},
         "actor": {"sizes": actor_sizes, "seconds": actor_seconds},
