@@ -29,7 +29,7 @@ def test_the_next_run_of_this_process_takes_over_the_last_ones_devices_and_proce
         with Cluster(ClusterConfig(num_devices_per_node=1), placements=one) as third:  # another shape
             ranks = Rank.create_group().launch(third, name="ranks", placement_strategy=one)
             ((pid, *_),) = ranks.where().wait()
-            assert pid not in pids and all(gone(pid) for pid in pids)  # what was parked is released
+            assert pid not in pids and all(gone(old) for old in pids)  # what was parked is released
 
         with (
             pytest.raises(RuntimeError, match="the run fails"),

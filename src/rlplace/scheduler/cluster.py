@@ -75,7 +75,8 @@ class Cluster:
         """Names this run's placement groups in Ray's accounting."""
         self._groups: list[WorkerGroup] = []
         self._idle = IdleHosts()
-        """Worker processes a switch kept for the next groups (`replace`)."""
+        """Retired worker processes kept for the next groups: by a switch (`replace`), or handed on by this process's
+        last run (`reserve`)."""
         self._rendezvous: Hosted | None = None
         self._owns_connection = False  # this object called ray.init, so it calls ray.shutdown
         self._started_ray = False  # ... and that ray.init started Ray's processes here
@@ -250,7 +251,7 @@ class Cluster:
             host = self._idle.take(device, name)
             if host is None:
                 node_rank, local = device
-                there = [*self._held(device), *(host for host in found if host.device == device)]
+                there = [*self._held(device), *(other for other in found if other.device == device)]
                 share = {} if local is None else self._share(node_rank, local, there)
                 options: dict[str, Any] = {"runtime_env": {"env_vars": env}} if self.has_gpus else {}
                 actor = host_actor(name).options(
@@ -270,7 +271,7 @@ class Cluster:
         return placement.node_rank, placement.local_devices[0] if placement.local_devices else None
 
     def _held(self, device: Device) -> list[HostProcess]:
-        """The processes on `device` now: those of running groups, and those a switch kept for the next groups."""
+        """The processes on `device` now: those of running groups, and the retired ones kept for the next groups."""
         running = (host for group in self._groups if not group.terminated for host in group.hosts)
         return [host for host in (*running, *self._idle) if host.device == device]
 
