@@ -127,19 +127,16 @@ class Schedule:
         cfg = self.current.cfg
         rows = self.history[-interval:]
         measured = statistics.median(row["time/step"] for row in rows)
-        profiled = replace(cfg, plan=replace(cfg.plan, profile=self.profile))
         try:
             planned = replace(cfg, plan=replace(cfg.plan, profile=str(self._own_profile(steps, rows))))
-            chosen, ranking = choose(self.current.family, planned)
-            here = self.current.family.predict(planned, self.current.placement)
+            chosen, ranking, here = self._rank(planned)
         except (ConfigError, ProfileError) as err:
             log.warning(
                 f"rlplace: re-plan after step {steps} from {self.profile}: its own last steps cannot calibrate "
                 f"the step model ({err})"
             )
-            planned = profiled
-            chosen, ranking = choose(self.current.family, planned)
-            here = self.current.family.predict(planned, self.current.placement)
+            planned = replace(cfg, plan=replace(cfg.plan, profile=self.profile))
+            chosen, ranking, here = self._rank(planned)
         best = ranking[0]
         scale = measured / here.step_s  # what the model, calibrated or not, leaves unexplained on this run
         remaining = cfg.runner.max_steps - steps
@@ -169,10 +166,15 @@ class Schedule:
             return None
         return Switch(steps, best.overrides, Plan(self.current.family, chosen, placement, ranking, best.prediction))
 
+    def _rank(self, planned: Any) -> tuple[Any, list[Any], Any]:
+        """The run placed as the fastest candidate of `planned`'s profile, the ranking, and that profile's
+        prediction for where the run is now."""
+        chosen, ranking = choose(self.current.family, planned)
+        return chosen, ranking, self.current.family.predict(planned, self.current.placement)
+
     def _own_profile(self, steps: int, rows: list[dict[str, float]]) -> Path:
         """The profile of the run's last `rows` (`own_profile`), in the run folder."""
-        if self._watched is None:
-            raise ConfigError("the run's timeline is not watched")
+        assert self._watched is not None, "the driver watches each placement's timeline before its steps run"
         timeline, cores, node_cores = self._watched
         since = self._ends[-len(rows) - 1] if len(self._ends) > len(rows) else 0.0
         numbered = [{"step": steps - len(rows) + i, **row} for i, row in enumerate(rows)]

@@ -11,6 +11,7 @@ releases what is parked, then reserves its own. Nothing is parked on a Ray this 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,8 +27,8 @@ class Parked:
 
     job_id: str
     """The Ray connection they belong to (handles of an ended one mean nothing)."""
-    node_ids: tuple[str, ...]
-    bundles: tuple[tuple[tuple[tuple[str, float], ...], ...], ...]
+    made_for: str
+    """The nodes and bundles of the reservation (`_made_for`)."""
     reservation: Reservation
     idle: IdleHosts
 
@@ -43,7 +44,7 @@ def park(reservation: Reservation, idle: IdleHosts, node_ids: Sequence[str], bun
     """Keep a finished run's reservation and processes for the next run of this process (releasing older ones)."""
     global _parked
     take(node_ids, bundles)
-    _parked = Parked(_job_id(), tuple(node_ids), _shape(bundles), reservation, idle)
+    _parked = Parked(_job_id(), _made_for(node_ids, bundles), reservation, idle)
 
 
 def take(node_ids: Sequence[str], bundles: Sequence[list[Bundle]]) -> Parked | None:
@@ -52,7 +53,7 @@ def take(node_ids: Sequence[str], bundles: Sequence[list[Bundle]]) -> Parked | N
     parked, _parked = _parked, None
     if parked is None or parked.job_id != _job_id():
         return None
-    if parked.node_ids == tuple(node_ids) and parked.bundles == _shape(bundles):
+    if parked.made_for == _made_for(node_ids, bundles):
         return parked
     parked.release()
     return None
@@ -68,5 +69,5 @@ def _job_id() -> str:
     return ray.get_runtime_context().get_job_id()
 
 
-def _shape(bundles: Sequence[list[Bundle]]) -> tuple[tuple[tuple[tuple[str, float], ...], ...], ...]:
-    return tuple(tuple(tuple(sorted(bundle.items())) for bundle in node) for node in bundles)
+def _made_for(node_ids: Sequence[str], bundles: Sequence[list[Bundle]]) -> str:
+    return json.dumps([list(node_ids), list(bundles)], sort_keys=True)
