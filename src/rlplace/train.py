@@ -12,11 +12,11 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rlplace.cli import check_overrides, fail
+from rlplace.cli import check_overrides, compose_run, fail
 from rlplace.core import checkpoint, preemption
 from rlplace.core.config import CONF_DIR
 from rlplace.core.errors import ConfigError
@@ -340,7 +340,9 @@ enough measured ones for the run's own times (the profile itself is written afte
 def profile_first(composed: DictConfig, argv: list[str]) -> list[str]:
     """`placement=auto` without `plan.profile`: profile a short run of the same task first (in the family's
     `profile_placement` for the cluster) into `<run folder>-profile`, and return the arguments with that profile
-    added. Its failure exits as the run would."""
+    added. It runs in this process on an embedded Ray that stays up for the run it plans, which takes over its
+    devices and worker processes where the chosen placement has the same devices (`scheduler/parking.py`). Its
+    failure exits as the run would, and a stop (Ctrl-C, SIGTERM) during it ends the command."""
     try:
         family = family_of(OmegaConf.masked_copy(composed, [key for key in composed if key != "hydra"]))
     except ConfigError as err:
@@ -357,22 +359,50 @@ def profile_first(composed: DictConfig, argv: list[str]) -> list[str]:
         "runner.replace_at=",
         "runner.replan_interval=",
         "logger=",
-        "hydra.run.dir=",
+        "hydra.",
     )
-    kept = [arg for arg in argv if not arg.startswith(dropped)]
+    kept = [arg for arg in argv if not arg.startswith(dropped) or arg.startswith("hydra.searchpath=")]
     print(  # before Hydra sets up logging
         f"rlplace: placement=auto without plan.profile: profiling {PROFILE_STEPS} steps of the {placement} placement "
         f"first (its start-up, the steps, then the profile), into {folder}",
         file=sys.stderr,
     )
     profiled = [f"placement={placement}", f"runner.max_steps={PROFILE_STEPS}", "runner.profile=true"]
-    profiled += ["runner.save_interval=null", "logger=jsonl", f"hydra.run.dir={folder}"]
+    profiled += ["runner.save_interval=null", "logger=jsonl"]
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "rlplace.train", *kept, *profiled], check=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    claim_run_folder(folder)
+    cfg = compose_run([*kept, *profiled])
+    try:
+        with _logged_to(folder / "train.log"):
+            train(resolve(cfg), folder, OmegaConf.to_container(cfg, resolve=True), keep_ray=True)
+    except (ConfigError, PlacementError, ClusterError) as err:
+        fail(f"placement = 'auto': the profiling run in {folder} cannot run: {err}")
+    stopped_by = preemption.received()
+    if stopped_by is not None:
+        print(f"rlplace: stopped by {signal.Signals(stopped_by).name} while profiling in {folder}", file=sys.stderr)
+        sys.exit(128 + stopped_by)
     _PROFILING_S[0] = time.monotonic() - start
-    if done.returncode != 0:
-        fail(f"placement = 'auto': the profiling run in {folder} exited {done.returncode} (its train.log says why)")
     return [*argv, f"plan.profile={folder}"]
+
+
+@contextmanager
+def _logged_to(path: Path) -> Iterator[None]:
+    """The run's messages on the console and in `path` while Hydra's logging (set up per job) is not there yet."""
+    handlers = [logging.StreamHandler(sys.stdout), logging.FileHandler(path)]  # where Hydra's console handler writes
+    handlers[0].setFormatter(logging.Formatter("%(message)s"))
+    handlers[1].setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    level = log.level
+    log.setLevel(logging.INFO)
+    for handler in handlers:
+        log.addHandler(handler)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+        for handler in handlers:
+            log.removeHandler(handler)
+            handler.close()
 
 
 def main() -> None:

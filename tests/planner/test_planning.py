@@ -177,8 +177,10 @@ def test_an_auto_placed_run_profiles_first_records_its_choice_and_checks_its_pre
     assert done.returncode == 0, done.stderr[-3000:]
     assert "placement=auto without plan.profile: profiling 6 steps of the hybrid placement" in done.stderr
     assert (tmp_path / "run-profile" / "profile.json").is_file()
+    assert "rlplace: profiled env, rollout and actor" in (tmp_path / "run-profile" / "train.log").read_text()
     info = json.loads((run_dir / "run.json").read_text())
-    assert info["auto"]["overrides"].startswith("placement=hybrid 'cluster.component_placement={")
+    assert f"placement=auto runs #1, the fastest predicted: {info['auto']['overrides']}\n" in done.stdout
+    assert info["auto"]["overrides"].startswith("placement=")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
         assert row["plan/predicted_step_s"] == pytest.approx(info["auto"]["predicted_step_s"])
