@@ -7,12 +7,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from rlplace.core.config import CONF_DIR
+from rlplace.core.config import CONF_DIR, ClusterConfig
 from rlplace.families import register
+from rlplace.scheduler import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,6 +32,19 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def shared_ray() -> Iterator[None]:
+    """One embedded Ray for a module's in-process runs (`rlplace.train.train`): each run's Cluster joins it instead
+    of starting and stopping its own, which costs seconds, and takes over the devices and worker processes that the
+    run before it left (`scheduler/parking.py`) where it has the same devices. A Ray this process is already
+    connected to is joined and left running."""
+    if ray.is_initialized():
+        yield
+        return
+    with Cluster(ClusterConfig()):
+        yield
 
 
 @pytest.fixture

@@ -10,18 +10,14 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 
 from rlplace.cli import compose_run
-from rlplace.core.config import ClusterConfig
 from rlplace.core.errors import ConfigError
 from rlplace.families import resolve
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm
-from rlplace.scheduler import Cluster
 from rlplace.train import train
 from tests.reasoning.runs import TINY
 from tests.reasoning.tiny_reward_model import build_reward_model
@@ -80,15 +76,6 @@ def conf(tmp_path_factory: pytest.TempPathFactory) -> str:
     (folder / "my_rewards.py").write_text(REWARDS_FILE)
     (folder / "reward" / "graded.yaml").write_text(GRADED.format(rewards=folder / "my_rewards.py"))
     return f"hydra.searchpath=[file://{folder}]"
-
-
-@pytest.fixture(scope="module")
-def shared_ray() -> Iterator[None]:
-    if ray.is_initialized():
-        yield
-        return
-    with Cluster(ClusterConfig()):
-        yield
 
 
 def rows(run_dir: Path) -> list[dict[str, float]]:

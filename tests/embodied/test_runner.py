@@ -14,14 +14,11 @@ import json
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 
 from rlplace.cli import compose_run
-from rlplace.core.config import ClusterConfig
 from rlplace.core.errors import ConfigError
 from rlplace.core.schedule import AsyncSchedule
 from rlplace.embodied.launch import check_checkpoint
@@ -30,7 +27,6 @@ from rlplace.families import resolve
 from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError
 from rlplace.replace import OWN_PROFILES, switches
-from rlplace.scheduler import Cluster
 from rlplace.train import RUN_INFO, train
 from tests.planner.synthetic import write_profile
 
@@ -113,17 +109,6 @@ PINNED = [
         "env/total_steps": 128,
     },
 ]
-
-
-@pytest.fixture(scope="module")
-def shared_ray() -> Iterator[None]:
-    """One embedded Ray for the module's runs; each run's Cluster joins it (and holds its device lease) instead of
-    starting and stopping its own, which costs seconds per run."""
-    if ray.is_initialized():  # someone else's Ray in this process: join it, leave it running
-        yield
-        return
-    with Cluster(ClusterConfig()):
-        yield
 
 
 def run(run_dir: Path, *overrides: str) -> list[dict[str, float]]:

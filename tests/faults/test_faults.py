@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -24,10 +23,9 @@ import ray
 
 from rlplace.cli import check_overrides, compose_run
 from rlplace.core import checkpoint
-from rlplace.core.config import ClusterConfig
 from rlplace.core.errors import ConfigError
 from rlplace.families import resolve
-from rlplace.scheduler import Cluster, WorkerError, WorkerTimeout
+from rlplace.scheduler import WorkerError, WorkerTimeout
 from rlplace.scheduler.group import GRACEFUL_EXIT_S
 from rlplace.scheduler.session import REAP_S
 from rlplace.train import RUN_INFO, train
@@ -121,13 +119,6 @@ def test_resume_auto_with_nothing_to_resume_is_refused_unless_asked_to_start_fre
     with pytest.raises(ConfigError, match="runner.resume = 'auto': no checkpoint under"):
         train(resolve(compose_run([*TINY, "runner.resume=auto"])), tmp_path, {})
     assert not ray.is_initialized()
-
-
-@pytest.fixture(scope="module")
-def shared_ray() -> Iterator[None]:
-    """One embedded Ray for the in-process runs of this module (each run's Cluster joins it)."""
-    with Cluster(ClusterConfig()):
-        yield
 
 
 def _once_training(run_dir: Path, name: str, action, ended: threading.Event | None = None) -> threading.Thread:

@@ -1,5 +1,7 @@
-"""What the reasoning end-to-end tests share: the tiny settings, and training runs in subprocesses as users start them
-(`rlplace-train experiment=arithmetic_grpo ...` on an embedded local Ray) from a tiny LM folder built here."""
+"""What the reasoning end-to-end tests share: the tiny settings, and training runs from a tiny LM folder built here,
+either in a subprocess as users start them (`rlplace-train experiment=arithmetic_grpo ...` on an embedded local
+Ray) or in this process as `rlplace-train` runs them once resolved (`trained`, on the Ray this process is
+connected to)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from rlplace.cli import compose_run
+from rlplace.families import resolve
+from rlplace.replace import switches
+from rlplace.train import train
 
 TINY = [
     "task.min_digits=1",
@@ -79,7 +85,21 @@ class Run:
                 self.process.wait()
 
     def metrics(self) -> list[dict[str, float]]:
-        return [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
+        return metrics(self.run_dir)
+
+
+def metrics(run_dir: Path) -> list[dict[str, float]]:
+    """A run folder's metrics.jsonl rows."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def trained(run_dir: Path, model_path: Path, *overrides: str) -> Path:
+    """`command`'s run trained in this process (`rlplace.train.train`, re-placed where `runner.replace_at` says);
+    its folder."""
+    overrides = ("experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *overrides)
+    plan = resolve(compose_run(list(overrides)))
+    train(plan, run_dir, resolved_config={}, switches=switches(plan, list(overrides)))
+    return run_dir
 
 
 def start(run_dir: Path, model_path: Path, *overrides: str, niceness: int = 0) -> Run:
@@ -92,17 +112,6 @@ def start(run_dir: Path, model_path: Path, *overrides: str, niceness: int = 0) -
             preexec_fn=functools.partial(os.nice, niceness),
         )
     return Run(run_dir, process)
-
-
-def published(run: Run, folder: Path) -> Path:
-    """`folder` of a running run once it exists (a checkpoint appears whole, by a rename)."""
-    deadline = time.monotonic() + TIMEOUT_S
-    while not folder.is_dir() and run.process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if not folder.is_dir():
-        run.finished()  # fails with its output if it failed
-    assert folder.is_dir()
-    return folder
 
 
 def same(a: object, b: object) -> bool:

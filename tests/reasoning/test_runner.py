@@ -1,16 +1,18 @@
-"""The reasoning loop end to end, as users run it: `rlplace-train experiment=arithmetic_grpo...` in a subprocess on
-an embedded local Ray, from a tiny LM folder built here (not pretrained: these tests are about behaviour, not
-accuracy; the accuracy gain is measured by the experiment itself and recorded in benchmarks/RESULTS.md).
+"""The reasoning loop end to end, from a tiny LM folder built here (not pretrained: these tests are about behaviour,
+not accuracy; the accuracy gain is measured by the experiment itself and recorded in benchmarks/RESULTS.md).
 
-Two runs cover the end-to-end tests, started together so that they share the machine's cores (almost all of a run's
-time is its worker processes starting up): the collocated preset on one device with PPO (critic and reference model
-included), one step off (runner.max_staleness=1) and a checkpoint after every step; and the synchronous
-disaggregated preset with two data-parallel actor ranks, generating with vLLM where it is installed. A third run, in
-this process, resumes the collocated one from its step-2 checkpoint, which holds the micro-batches generated ahead,
-as soon as that is published, under another placement: the actor alone on a device, training beside generation. It
-must continue the collocated run exactly, which checks resume and placement independence under asynchronous
-training at once. Config and placement refusals (and checkpoints a run cannot resume) are checked in-process through
-`resolve`, as both CLIs do, and one of them through the CLI.
+Two runs cover the end-to-end tests. The synchronous disaggregated preset, with two data-parallel actor ranks and
+generating with vLLM where it is installed, runs as users run it: `rlplace-train experiment=arithmetic_grpo_disagg
+...` in a subprocess on an embedded Ray of its own. Meanwhile the collocated run trains in this process (as
+`rlplace-train` does once it has resolved the config), on the module's Ray: every component on one device with PPO
+(critic and reference model included), one step off (runner.max_staleness=1) and a checkpoint after every step. Two
+more runs in this process go from the same state to another placement, the actor alone on a device, training beside
+generation: one resumes the collocated run's step-2 checkpoint, which holds the micro-batches generated ahead, and
+one re-places itself after step 2 (`runner.replace_at`). Both must continue the collocated run exactly, which checks
+resume, re-placement and placement independence under asynchronous training at once. Runs of this process take over
+the devices and worker processes of the run before (`scheduler/parking.py`). Config and placement refusals (and
+checkpoints a run cannot resume) are checked in-process through `resolve`, as both CLIs do, and one of them through
+the CLI.
 """
 
 from __future__ import annotations
@@ -42,16 +44,25 @@ from rlplace.reasoning.launch import check_checkpoint, checkpoint_identity
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.replace import switches
 from rlplace.train import train
-from tests.reasoning.runs import TINY, Run, command, compared, published, same, start
+from tests.reasoning.runs import TINY, command, compared, metrics, same, start, trained
 
 VLLM = importlib.util.find_spec("vllm") is not None
 ASYNC_PPO = ["experiment=arithmetic_grpo", "algorithm=reasoning_ppo", "runner.max_staleness=1", "runner.max_steps=4"]
+PRESETS = Path(__file__).resolve().parents[1] / "presets"
 RUNS = {
-    # Every component on one device (of one core), taking turns: the actor and rollout offload while the others work.
+    # Every component on device 0 (of one core), taking turns: the actor and rollout offload while the others work.
     # PPO: its critic's GAE advantages are not all 0 even when every reward is (an untrained model answers nothing
     # right), so the weights change every step and a resume has real state to continue from. One step off
-    # (runner.max_staleness=1): each checkpoint holds the micro-batches of the next step, generated ahead.
-    "collocated": [*ASYNC_PPO, "runner.save_interval=1", "cluster.num_devices_per_node=1", "cluster.cpus_per_device=1"],
+    # (runner.max_staleness=1): each checkpoint holds the micro-batches of the next step, generated ahead. Device 1
+    # stays idle: the cluster is the one the runs after it re-place the actor into.
+    "collocated": [
+        *ASYNC_PPO,
+        "runner.save_interval=1",
+        "placement=reasoning_disaggregated",
+        *(f"cluster.component_placement.{name}=0" for name in ("rollout", "reward", "inference", "actor")),
+        "actor.enable_offload=true",
+        "rollout.enable_offload=true",
+    ],
     # Each stage on its own device, 16 micro-batches of 8-token responses per step streaming through them (enough
     # for the stages to overlap even when generation is quick), routed over 2 actor ranks that average their
     # gradients; generation with vLLM (hf without vLLM); profiled for the planner (the actor's passes timed on both
@@ -66,16 +77,9 @@ RUNS = {
         "runner.profile=true",
     ],
 }
-OVERLAPPED = [
-    *ASYNC_PPO,
-    "placement=reasoning_disaggregated",
-    *(f"cluster.component_placement.{name}=0" for name in ("rollout", "reward", "inference")),
-    "cluster.component_placement.actor=1",
-]
-"""The collocated run with the actor alone on device 1: it trains on step t while the others generate step t + 1."""
-NICENESS = {"disaggregated": 10}
-"""The disaggregated run yields the cores to the collocated one, whose first checkpoint starts the resumed run: that
-chain, not the disaggregated run, is what the module's end-to-end tests wait for longest."""
+APART = [f"hydra.searchpath=[file://{PRESETS}]", "placement=actor_apart"]
+"""The collocated run with the actor alone on device 1 (a preset of the tests' own): it trains on step t while the
+others generate step t + 1."""
 
 
 def trained_state(checkpoint: Path, scratch: Path) -> dict:
@@ -96,37 +100,40 @@ def selected_variants(session: pytest.Session) -> set[str]:
 
 @pytest.fixture(scope="module")
 def runs(
-    model_path: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[dict[str, Run]]:
-    """The runs the selected tests read, started at once on first use; a test waits for the one it checks."""
-    started = {}
+    shared_ray: None, model_path: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[dict[str, Path]]:
+    """The folders of the runs the selected tests read, on first use: the disaggregated subprocess started first
+    (niced: it yields the cores to this process's runs, the module's longest chain), the collocated run trained here
+    meanwhile, then the subprocess waited for."""
     wanted = selected_variants(request.session)
-    for variant, overrides in RUNS.items():
-        if variant not in wanted:
-            continue
-        run_dir = tmp_path_factory.mktemp(variant)
-        started[variant] = start(run_dir, model_path, *overrides, niceness=NICENESS.get(variant, 0))
-    yield started
-    for run in started.values():
-        run.stop()
+    cli = None
+    if "disaggregated" in wanted:
+        cli = start(tmp_path_factory.mktemp("disaggregated"), model_path, *RUNS["disaggregated"], niceness=10)
+    try:
+        folders = {}
+        if "collocated" in wanted:
+            folders["collocated"] = trained(tmp_path_factory.mktemp("collocated"), model_path, *RUNS["collocated"])
+        if cli is not None:
+            folders["disaggregated"] = cli.finished().run_dir
+        yield folders
+    finally:
+        if cli is not None:
+            cli.stop()
 
 
-# First of the end-to-end tests, so that it resumes while the others still run. The resumed run goes through
-# `rlplace.train.train` in this process, which has paid for its imports already: it is the module's longest chain.
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["collocated"])
 def test_resume_under_another_placement_continues_exactly(
-    variant: str, runs: dict[str, Run], model_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    variant: str, runs: dict[str, Path], model_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     full = runs[variant]
-    checkpoint = published(full, full.run_dir / "checkpoints" / "step_000002")
-    overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *OVERLAPPED]
+    checkpoint = full / "checkpoints" / "step_000002"
+    overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *ASYNC_PPO, *APART]
     plan = resolve(compose_run([*overrides, f"runner.resume={checkpoint}"]))
     check_checkpoint(plan.cfg, checkpoint)
     with caplog.at_level(logging.INFO):
         train(plan, tmp_path, resolved_config={})
     assert f"rlplace: resumed from {checkpoint} at step 2" in caplog.messages
-    full.finished()
     state = json.loads((checkpoint / "runner.json").read_text())
     assert (state["family"], state["step"], state["version"]) == ("reasoning", 2, 2)
     assert [step for step, _ in state["accuracy"]] == [0, 1, 2]  # before the first step, and after each
@@ -143,59 +150,54 @@ def test_resume_under_another_placement_continues_exactly(
     assert AsyncSchedule.of(plan.placement, max_staleness=1, max_steps=4, trainer="actor").overlap
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [2, 3]
-    assert [compared(row) for row in rows] == [compared(row) for row in full.metrics()[2:]]
+    assert [compared(row) for row in rows] == [compared(row) for row in metrics(full)[2:]]
     assert rows[1]["time/overlap"] == 0.0
     assert {"train/value_loss", "train/grad_norm", "rollout/response_length", "eval/accuracy"} <= set(compared(rows[0]))
     # The same final state, and an accuracy history without a second evaluation before the first step. The numpy and
     # Python streams aside: nothing seeds them and the run never draws from them (two fresh runs differ there too).
     final = "checkpoints/step_000004"
-    assert (tmp_path / final / "runner.json").read_text() == (full.run_dir / final / "runner.json").read_text()
-    actors = [torch.load(folder / final / "actor.pt", weights_only=False) for folder in (tmp_path, full.run_dir)]
+    assert (tmp_path / final / "runner.json").read_text() == (full / final / "runner.json").read_text()
+    actors = [torch.load(folder / final / "actor.pt", weights_only=False) for folder in (tmp_path, full)]
     for state in actors:
         del state["rng"]["numpy"], state["rng"]["python"]
     assert same(*actors)
-    models = [trained_state(folder / final, tmp_path / f"{n}.pt") for n, folder in enumerate((tmp_path, full.run_dir))]
+    models = [trained_state(folder / final, tmp_path / f"{n}.pt") for n, folder in enumerate((tmp_path, full))]
     assert same(*models)
-    again, once = (json.loads((folder / "summary.json").read_text()) for folder in (tmp_path, full.run_dir))
+    again, once = (json.loads((folder / "summary.json").read_text()) for folder in (tmp_path, full))
     for key in ("eval/accuracy_before", "eval/accuracy_after"):
         assert again[key] == once[key], key
 
 
-# The same move, made by the run itself (runner.replace_at): collocated on device 0 for steps 0-1, then, from the
-# checkpoint the switch writes, the actor alone on device 1 (a preset of the tests' own) for steps 2-3, in one run.
-PRESETS = Path(__file__).resolve().parents[1] / "presets"
-ON_DEVICE_0 = [
-    "placement=reasoning_disaggregated",
-    *(f"cluster.component_placement.{name}=0" for name in ("rollout", "reward", "inference", "actor")),
-]
-
-
+# The same move, made by the run itself (runner.replace_at): the collocated run for steps 0-1, then, from the
+# checkpoint the switch writes, the actor alone on device 1 for steps 2-3, in one run.
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["collocated"])
 def test_a_run_re_placed_while_it_runs_continues_exactly(
-    variant: str, runs: dict[str, Run], model_path: Path, tmp_path: Path
+    variant: str, runs: dict[str, Path], model_path: Path, tmp_path: Path
 ) -> None:
-    overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *ASYNC_PPO, *ON_DEVICE_0]
-    overrides += [f"hydra.searchpath=[file://{PRESETS}]", "runner.replace_at=[2:actor_apart]"]
+    overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS[variant]]
+    overrides += [APART[0], "runner.replace_at=[2:actor_apart]"]
     plan = resolve(compose_run(overrides))
     (switch,) = switches(plan, overrides)
     assert plan.placement.mode == "collocated" and switch.plan.placement.devices_of("actor") == [1]
     train(plan, tmp_path, resolved_config={}, switches=[switch])
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(tmp_path)
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
-    assert [compared(row) for row in rows] == [compared(row) for row in runs[variant].finished().metrics()]
+    assert [compared(row) for row in rows] == [compared(row) for row in metrics(runs[variant])]
     assert json.loads((tmp_path / "run.json").read_text())["replaced"][0]["to"] == "actor_apart"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["collocated", "disaggregated"])
-def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, runs: dict[str, Run]) -> None:
-    run = runs[variant].finished()
-    assert f"rlplace: done: {variant} placement, held-out accuracy" in run.stdout
+def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, runs: dict[str, Path]) -> None:
+    run = runs[variant]
+    assert json.loads((run / "run.json").read_text())["mode"] == variant
+    if variant == "disaggregated":  # the command's last words
+        assert "rlplace: done: disaggregated placement, held-out accuracy" in (run / "stdout.txt").read_text()
     steps = 4 if variant == "collocated" else 2
     saved = [f"step_{step:06d}" for step in range(1, steps + 1)] if variant == "collocated" else ["step_000002"]
-    assert sorted(p.name for p in (run.run_dir / "checkpoints").iterdir()) == saved  # save_interval 1, 0
-    rows = run.metrics()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == saved  # save_interval 1, 0
+    rows = metrics(run)
     assert len(rows) == steps
     # One step off (collocated), the last step generates nothing: there is no step ahead of it.
     generating = rows[:-1] if variant == "collocated" else rows
@@ -228,7 +230,7 @@ def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, 
             "start": e["ts"] / 1e6,
             "end": (e["ts"] + e["dur"]) / 1e6,
         }
-        for e in json.loads((run.run_dir / "timeline.json").read_text())["traceEvents"]
+        for e in json.loads((run / "timeline.json").read_text())["traceEvents"]
         if e["ph"] == "X"
     ]
     assert {"rollout_generate", "reward", "inference", "training", "sync_weights"} <= {s["name"] for s in spans}
@@ -238,28 +240,27 @@ def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, 
         timeline = Timeline({})
         timeline.extend(s for s in spans if s["name"] in ("rollout_generate", "inference"))
         assert timeline.overlap("rollout", "inference", 0.0, max(s["end"] for s in spans)) > 0
-    trained = load_causal_lm(run.run_dir / "final_model")
-    assert trained.config.model_type == "llama"
+    assert load_causal_lm(run / "final_model").config.model_type == "llama"
 
 
 @pytest.mark.slow
-def test_vllm_backend_trains_and_its_weights_follow_the_actor(runs: dict[str, Run]) -> None:
+def test_vllm_backend_trains_and_its_weights_follow_the_actor(runs: dict[str, Path]) -> None:
     # The disaggregated run generates with vLLM: the rollout checks the weight version it is asked for every step
     # (StaleWeightsError otherwise), so a finished run means the engine's weights followed the actor's.
     pytest.importorskip("vllm")
-    run = runs["disaggregated"].finished()
-    assert "backend: vllm" in (run.run_dir / ".hydra" / "config.yaml").read_text()
-    rows = run.metrics()
+    run = runs["disaggregated"]
+    assert "backend: vllm" in (run / ".hydra" / "config.yaml").read_text()
+    rows = metrics(run)
     assert len(rows) == 2 and all("eval/accuracy" in row for row in rows)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["disaggregated"])
 def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choice(
-    variant: str, runs: dict[str, Run], model_path: Path
+    variant: str, runs: dict[str, Path], model_path: Path
 ) -> None:
-    run = runs[variant].finished()
-    profile = json.loads((run.run_dir / PROFILE_FILE).read_text())
+    run = runs[variant]
+    profile = json.loads((run / PROFILE_FILE).read_text())
     assert (profile["family"], profile["task"], profile["placement"]["mode"]) == (
         "reasoning",
         "arithmetic",
@@ -271,12 +272,12 @@ def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choic
     assert passes["optimizer_step"] > 0 and passes["row_tokens"] > 0
     # Calibrated on the run it profiled, the model gives back that run's median step.
     profiled = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS[variant]]
-    planned = resolve(compose_run([*profiled, f"plan.profile={run.run_dir}"]))
-    measured = statistics.median(row["time/step"] for row in run.metrics())
+    planned = resolve(compose_run([*profiled, f"plan.profile={run}"]))
+    measured = statistics.median(row["time/step"] for row in metrics(run))
     assert planned.prediction.step_s == pytest.approx(measured, rel=1e-6)
     # The same run on other placements (the profiled sizes, the hf rollout).
     same = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS[variant][1:4]]
-    same.append(f"plan.profile={run.run_dir}")
+    same.append(f"plan.profile={run}")
     # Collocated on one device, the four stages take turns: its generation is predicted longer than apart.
     collocated = resolve(compose_run([*same, "cluster.num_devices_per_node=1"]))
     assert collocated.placement.mode == "collocated"
@@ -294,8 +295,8 @@ def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choic
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["collocated"])
-def test_one_step_off_trains_on_the_batch_generated_ahead(variant: str, runs: dict[str, Run]) -> None:
-    rows = runs[variant].finished().metrics()
+def test_one_step_off_trains_on_the_batch_generated_ahead(variant: str, runs: dict[str, Path]) -> None:
+    rows = metrics(runs[variant])
     assert [row["async/staleness"] for row in rows] == [0.0, 1.0, 1.0, 1.0]  # step 0: the initial weights
     assert rows[0]["train/behaviour_weight"] == 1.0  # π_behav is π_prox, to the last bit
     assert any(row["train/behaviour_weight"] != 1.0 for row in rows[1:])
