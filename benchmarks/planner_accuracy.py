@@ -1,18 +1,21 @@
-"""How well the planner predicts: profile once, predict every job of the placement sweep, run them, compare.
+"""How well the planner predicts: profile, predict every job of the placement sweep, run them, compare; in rounds.
 
-    .venv/bin/python benchmarks/planner_accuracy.py                      # CartPole and HalfCheetah, ~10 min
-    .venv/bin/python benchmarks/planner_accuracy.py --tasks cartpole --out accuracy.json
-    .venv/bin/python benchmarks/planner_accuracy.py --tasks arithmetic   # GRPO on the tiny LM, ~8 min
+    .venv/bin/python benchmarks/planner_accuracy.py                      # CartPole and HalfCheetah, ~20 min
+    .venv/bin/python benchmarks/planner_accuracy.py --tasks cartpole --rounds 3 --out accuracy.json
+    .venv/bin/python benchmarks/planner_accuracy.py --tasks arithmetic   # GRPO on the tiny LM, ~16 min
 
-Per task: one profiling run (`runner.profile=true`, in the placement its family profiles in: embodied disaggregated
-at 1 stage, reasoning hybrid; on the sweep's 4-device cluster), then the jobs of its placement sweep
+Per task and round: one profiling run (`runner.profile=true`, in the placement its family profiles in: embodied
+disaggregated at 1 stage, reasoning hybrid; on the sweep's 4-device cluster), then the jobs of its placement sweep
 (`sweep=placement_modes`: {collocated, disaggregated, hybrid} x {1, 2} stages x staleness {0, 1};
-`sweep=reasoning_placements`: the three reasoning presets x staleness {0, 1}), each predicted from that one profile
-before it runs (`plan.profile`, as `rlplace-plan` does), then run with the sweep's settings. The error is
-|predicted - measured| / measured step time (the median of the measured steps after warm-up). Also: whether the
-job the planner ranks first is the measured fastest, or within 5% of it; and `placement=auto` from the same profile,
-run at each K, against the measured best of the sweep's jobs at that K. Each invocation writes its own section of
-RESULTS.md, named by its tasks.
+`sweep=reasoning_placements`: the three reasoning presets x staleness {0, 1}), each predicted from that round's
+profile before it runs (`plan.profile`, as `rlplace-plan` does), then run with the sweep's settings. A job's
+predicted and measured step (the median of its steps after warm-up) are their medians over the rounds (`--rounds`,
+default 2): on a shared machine one job's step time moves between runs minutes apart, and rounds spread the
+profile and the jobs over the same stretch of time. The error is |predicted - measured| / measured; the table also
+gives how far the rounds' measurements of a job were apart. Also: whether the job the planner ranks first is the
+measured fastest, or within 5% of it; and `placement=auto` from the last round's profile, run at each K, against
+the measured best of the sweep's jobs at that K. Each invocation writes its own section of RESULTS.md, named by its
+tasks.
 """
 
 from __future__ import annotations
@@ -99,37 +102,50 @@ def phases(prediction, summary: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, choices=list(TASKS))
+    parser.add_argument("--rounds", type=int, default=2, help="profile and run every job this many times (default 2)")
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     parser.add_argument("--keep", type=Path, help="keep the run folders here (default: a temporary folder)")
     args = parser.parse_args()
-    rows = []
+    seen: dict[tuple[str, ...], dict[str, list[float]]] = {}
     autos = []
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.keep or Path(scratch)
-        for task in args.tasks:
-            spec = TASKS[task]
-            profile_dir = Path(tmp) / f"{task}_profile"
-            train([*spec.base, *spec.profile], profile_dir)
-            for job in spec.jobs:
-                overrides = [*spec.base, *spec.overrides(job)]
-                prediction = predict(overrides, profile_dir)
-                summary = train(overrides, Path(tmp) / f"{task}_{'_'.join(job.values())}")
-                predicted, measured = prediction.step_s, summary["time/step"]
-                row = {"task": task, **job}
-                row |= {"predicted_s": predicted, "measured_s": measured, "error": abs(predicted - measured) / measured}
-                rows.append(row)
-                print(
-                    f"{task:<12} {job['placement']:<24} {job['stages']} {job['K']}  predicted {predicted:6.3f} s  "
-                    f"measured {measured:6.3f} s  error {row['error']:6.1%}   {phases(prediction, summary)}",
-                    flush=True,
-                )
-            for staleness in ("0", "1"):
-                auto = ["placement=auto", f"plan.profile={profile_dir}", f"runner.max_staleness={staleness}"]
-                run_dir = Path(tmp) / f"{task}_auto_{staleness}"
-                measured = train([*spec.base, *auto], run_dir)["time/step"]
-                chosen = json.loads((run_dir / "run.json").read_text())["auto"]
-                autos.append({"task": task, "K": staleness, "measured_s": measured, **chosen})
-                print(f"{task:<12} auto K={staleness}  measured {measured:6.3f} s  {chosen['overrides']}", flush=True)
+        for round_ in range(args.rounds):
+            for task in args.tasks:
+                spec = TASKS[task]
+                profile_dir = Path(tmp) / f"{task}_profile_{round_}"
+                train([*spec.base, *spec.profile], profile_dir)
+                for job in spec.jobs:
+                    overrides = [*spec.base, *spec.overrides(job)]
+                    prediction = predict(overrides, profile_dir)
+                    summary = train(overrides, Path(tmp) / f"{task}_{'_'.join(job.values())}_{round_}")
+                    found = seen.setdefault((task, *job.values()), {"predicted_s": [], "measured_s": []})
+                    found["predicted_s"].append(prediction.step_s)
+                    found["measured_s"].append(summary["time/step"])
+                    print(
+                        f"round {round_} {task:<12} {job['placement']:<24} {job['stages']} {job['K']}  predicted "
+                        f"{prediction.step_s:6.3f} s  measured {summary['time/step']:6.3f} s   "
+                        f"{phases(prediction, summary)}",
+                        flush=True,
+                    )
+                if round_ < args.rounds - 1:
+                    continue
+                for staleness in ("0", "1"):  # in the last round, from its profile
+                    auto = ["placement=auto", f"plan.profile={profile_dir}", f"runner.max_staleness={staleness}"]
+                    run_dir = Path(tmp) / f"{task}_auto_{staleness}"
+                    measured = train([*spec.base, *auto], run_dir)["time/step"]
+                    chosen = json.loads((run_dir / "run.json").read_text())["auto"]
+                    autos.append({"task": task, "K": staleness, "measured_s": measured, **chosen})
+                    print(
+                        f"{task:<12} auto K={staleness}  measured {measured:6.3f} s  {chosen['overrides']}", flush=True
+                    )
+    rows = []
+    for (task, *labels), found in seen.items():
+        row = {"task": task, **dict(zip(("placement", "stages", "K"), labels, strict=True))}
+        row |= {key: statistics.median(values) for key, values in found.items()}
+        row["error"] = abs(row["predicted_s"] - row["measured_s"]) / row["measured_s"]
+        row["spread"] = (max(found["measured_s"]) - min(found["measured_s"])) / row["measured_s"]
+        rows.append(row)
     errors = [r["error"] for r in rows]
     summary = [f"error over {len(rows)} jobs: median {statistics.median(errors):.1%}, max {max(errors):.1%}"]
     print(f"\n{summary[0]}")
@@ -152,12 +168,19 @@ def main() -> None:
                 f"({auto['measured_s'] / best['measured_s'] - 1:+.1%})"
             )
             print(summary[-1])
-    table = ["| task | placement | stages | K | predicted s | measured s | error |", "|---|---|---|---|---|---|---|"]
+    table = ["| task | placement | stages | K | predicted s | measured s | error | measured spread |"]
+    table += ["|---|---|---|---|---|---|---|---|"]
     table += [
         f"| {r['task']} | {r['placement']} | {r['stages']} | {r['K']} | {r['predicted_s']:.3f} "
-        f"| {r['measured_s']:.3f} | {r['error']:.1%} |"
+        f"| {r['measured_s']:.3f} | {r['error']:.1%} | {r['spread']:.1%} |"
         for r in rows
     ]
+    spreads = [r["spread"] for r in rows]
+    summary.insert(
+        1,
+        f"{args.rounds} rounds; predicted and measured are each job's medians over them; a job's measured step moved "
+        f"between rounds by median {statistics.median(spreads):.1%}, max {max(spreads):.1%}",
+    )
     name = "planner_accuracy.py" + ("" if args.tasks == DEFAULT_TASKS else f" --tasks {' '.join(args.tasks)}")
     write_section(name, "\n".join([*table, "", *(f"- {line}" for line in summary)]))
     if args.out:
