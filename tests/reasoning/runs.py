@@ -96,9 +96,9 @@ def metrics(run_dir: Path) -> list[dict[str, float]]:
 def trained(run_dir: Path, model_path: Path, *overrides: str) -> Path:
     """`command`'s run trained in this process (`rlplace.train.train`, re-placed where `runner.replace_at` says);
     its folder."""
-    overrides = ("experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *overrides)
-    plan = resolve(compose_run(list(overrides)))
-    train(plan, run_dir, resolved_config={}, switches=switches(plan, list(overrides)))
+    args = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *overrides]
+    plan = resolve(compose_run(args))
+    train(plan, run_dir, resolved_config={}, switches=switches(plan, args))
     return run_dir
 
 

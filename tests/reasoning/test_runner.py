@@ -148,7 +148,7 @@ def test_resume_under_another_placement_continues_exactly(
     # the actor on a device of its own: the same numbers to the last bit. Step 2 generates step 3 beside training
     # (how much they overlap in time depends on the machine's load); step 3 generates nothing.
     assert AsyncSchedule.of(plan.placement, max_staleness=1, max_steps=4, trainer="actor").overlap
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(tmp_path)
     assert [row["step"] for row in rows] == [2, 3]
     assert [compared(row) for row in rows] == [compared(row) for row in metrics(full)[2:]]
     assert rows[1]["time/overlap"] == 0.0
