@@ -99,6 +99,10 @@ def phases(prediction, summary: dict) -> str:
     )
 
 
+Seen = dict[tuple[str, ...], dict[str, list[float]]]
+"""(task, placement, stages, K) -> each round's predicted and measured step."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, choices=list(TASKS))
@@ -106,39 +110,57 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     parser.add_argument("--keep", type=Path, help="keep the run folders here (default: a temporary folder)")
     args = parser.parse_args()
-    seen: dict[tuple[str, ...], dict[str, list[float]]] = {}
-    autos = []
+    seen: Seen = {}
+    autos: list[dict] = []
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.keep or Path(scratch)
         for round_ in range(args.rounds):
             for task in args.tasks:
-                spec = TASKS[task]
-                profile_dir = Path(tmp) / f"{task}_profile_{round_}"
-                train([*spec.base, *spec.profile], profile_dir)
-                for job in spec.jobs:
-                    overrides = [*spec.base, *spec.overrides(job)]
-                    prediction = predict(overrides, profile_dir)
-                    summary = train(overrides, Path(tmp) / f"{task}_{'_'.join(job.values())}_{round_}")
-                    found = seen.setdefault((task, *job.values()), {"predicted_s": [], "measured_s": []})
-                    found["predicted_s"].append(prediction.step_s)
-                    found["measured_s"].append(summary["time/step"])
-                    print(
-                        f"round {round_} {task:<12} {job['placement']:<24} {job['stages']} {job['K']}  predicted "
-                        f"{prediction.step_s:6.3f} s  measured {summary['time/step']:6.3f} s   "
-                        f"{phases(prediction, summary)}",
-                        flush=True,
-                    )
-                if round_ < args.rounds - 1:
-                    continue
-                for staleness in ("0", "1"):  # in the last round, from its profile
-                    auto = ["placement=auto", f"plan.profile={profile_dir}", f"runner.max_staleness={staleness}"]
-                    run_dir = Path(tmp) / f"{task}_auto_{staleness}"
-                    measured = train([*spec.base, *auto], run_dir)["time/step"]
-                    chosen = json.loads((run_dir / "run.json").read_text())["auto"]
-                    autos.append({"task": task, "K": staleness, "measured_s": measured, **chosen})
-                    print(
-                        f"{task:<12} auto K={staleness}  measured {measured:6.3f} s  {chosen['overrides']}", flush=True
-                    )
+                profile_dir = run_round(task, round_, tmp, seen)
+                if round_ == args.rounds - 1:
+                    autos += run_autos(task, profile_dir, tmp)
+    rows, text = report(seen, autos, args.tasks, args.rounds)
+    name = "planner_accuracy.py" + ("" if args.tasks == DEFAULT_TASKS else f" --tasks {' '.join(args.tasks)}")
+    write_section(name, text)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+def run_round(task: str, round_: int, tmp: Path, seen: Seen) -> Path:
+    """Profile `task`, then predict and run each job of its sweep, adding both to `seen`; the profile's folder."""
+    spec = TASKS[task]
+    profile_dir = tmp / f"{task}_profile_{round_}"
+    train([*spec.base, *spec.profile], profile_dir)
+    for job in spec.jobs:
+        overrides = [*spec.base, *spec.overrides(job)]
+        prediction = predict(overrides, profile_dir)
+        summary = train(overrides, tmp / f"{task}_{'_'.join(job.values())}_{round_}")
+        found = seen.setdefault((task, *job.values()), {"predicted_s": [], "measured_s": []})
+        found["predicted_s"].append(prediction.step_s)
+        found["measured_s"].append(summary["time/step"])
+        print(
+            f"round {round_} {task:<12} {job['placement']:<24} {job['stages']} {job['K']}  predicted "
+            f"{prediction.step_s:6.3f} s  measured {summary['time/step']:6.3f} s   {phases(prediction, summary)}",
+            flush=True,
+        )
+    return profile_dir
+
+
+def run_autos(task: str, profile_dir: Path, tmp: Path) -> list[dict]:
+    """`placement=auto` from the profile at each K, run: what it chose, predicted and measured."""
+    autos = []
+    for staleness in ("0", "1"):
+        auto = ["placement=auto", f"plan.profile={profile_dir}", f"runner.max_staleness={staleness}"]
+        run_dir = tmp / f"{task}_auto_{staleness}"
+        measured = train([*TASKS[task].base, *auto], run_dir)["time/step"]
+        chosen = json.loads((run_dir / "run.json").read_text())["auto"]
+        autos.append({"task": task, "K": staleness, "measured_s": measured, **chosen})
+        print(f"{task:<12} auto K={staleness}  measured {measured:6.3f} s  {chosen['overrides']}", flush=True)
+    return autos
+
+
+def report(seen: Seen, autos: list[dict], tasks: list[str], rounds: int) -> tuple[list[dict], str]:
+    """Each job's medians over the rounds and their error, and the section's text: the table, then the summary."""
     rows = []
     for (task, *labels), found in seen.items():
         row = {"task": task, **dict(zip(("placement", "stages", "K"), labels, strict=True))}
@@ -146,10 +168,13 @@ def main() -> None:
         row["error"] = abs(row["predicted_s"] - row["measured_s"]) / row["measured_s"]
         row["spread"] = (max(found["measured_s"]) - min(found["measured_s"])) / row["measured_s"]
         rows.append(row)
-    errors = [r["error"] for r in rows]
-    summary = [f"error over {len(rows)} jobs: median {statistics.median(errors):.1%}, max {max(errors):.1%}"]
-    print(f"\n{summary[0]}")
-    for task in args.tasks:
+    errors, spreads = [r["error"] for r in rows], [r["spread"] for r in rows]
+    summary = [
+        f"error over {len(rows)} jobs: median {statistics.median(errors):.1%}, max {max(errors):.1%}",
+        f"{rounds} rounds; predicted and measured are each job's medians over them; a job's measured step moved "
+        f"between rounds by median {statistics.median(spreads):.1%}, max {max(spreads):.1%}",
+    ]
+    for task in tasks:
         jobs = [r for r in rows if r["task"] == task]
         chosen = min(jobs, key=lambda r: r["predicted_s"])
         best = min(jobs, key=lambda r: r["measured_s"])
@@ -157,17 +182,15 @@ def main() -> None:
             f"{task}: planner's choice {title(chosen)} measured {chosen['measured_s']:.3f} s; measured best "
             f"{title(best)} {best['measured_s']:.3f} s ({chosen['measured_s'] / best['measured_s'] - 1:+.1%})"
         )
-        print(summary[-1])
         for auto in (a for a in autos if a["task"] == task):
-            same_k = [r for r in jobs if r["K"] == auto["K"]]
-            best = min(same_k, key=lambda r: r["measured_s"])
+            best = min((r for r in jobs if r["K"] == auto["K"]), key=lambda r: r["measured_s"])
             summary.append(
                 f"{task} placement=auto K={auto['K']}: ran `{auto['overrides']}`, measured "
                 f"{auto['measured_s']:.3f} s (predicted {auto['predicted_step_s']:.3f} s); the sweep's measured best "
                 f"at K={auto['K']}: {title(best)} {best['measured_s']:.3f} s "
                 f"({auto['measured_s'] / best['measured_s'] - 1:+.1%})"
             )
-            print(summary[-1])
+    print("\n" + "\n".join(summary))
     table = ["| task | placement | stages | K | predicted s | measured s | error | measured spread |"]
     table += ["|---|---|---|---|---|---|---|---|"]
     table += [
@@ -175,16 +198,7 @@ def main() -> None:
         f"| {r['measured_s']:.3f} | {r['error']:.1%} | {r['spread']:.1%} |"
         for r in rows
     ]
-    spreads = [r["spread"] for r in rows]
-    summary.insert(
-        1,
-        f"{args.rounds} rounds; predicted and measured are each job's medians over them; a job's measured step moved "
-        f"between rounds by median {statistics.median(spreads):.1%}, max {max(spreads):.1%}",
-    )
-    name = "planner_accuracy.py" + ("" if args.tasks == DEFAULT_TASKS else f" --tasks {' '.join(args.tasks)}")
-    write_section(name, "\n".join([*table, "", *(f"- {line}" for line in summary)]))
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=1))
+    return rows, "\n".join([*table, "", *(f"- {line}" for line in summary)])
 
 
 def title(row: dict) -> str:

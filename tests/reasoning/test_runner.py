@@ -48,7 +48,8 @@ from tests.reasoning.runs import TINY, command, compared, metrics, same, start, 
 
 VLLM = importlib.util.find_spec("vllm") is not None
 ASYNC_PPO = ["experiment=arithmetic_grpo", "algorithm=reasoning_ppo", "runner.max_staleness=1", "runner.max_steps=4"]
-PRESETS = Path(__file__).resolve().parents[1] / "presets"
+TEST_PRESETS = f"hydra.searchpath=[file://{Path(__file__).resolve().parents[1] / 'presets'}]"
+"""The tests' own option files (tests/presets), joined to the project's."""
 RUNS = {
     # Every component on device 0 (of one core), taking turns: the actor and rollout offload while the others work.
     # PPO: its critic's GAE advantages are not all 0 even when every reward is (an untrained model answers nothing
@@ -77,7 +78,7 @@ RUNS = {
         "runner.profile=true",
     ],
 }
-APART = [f"hydra.searchpath=[file://{PRESETS}]", "placement=actor_apart"]
+APART = [TEST_PRESETS, "placement=actor_apart"]
 """The collocated run with the actor alone on device 1 (a preset of the tests' own): it trains on step t while the
 others generate step t + 1."""
 
@@ -176,7 +177,7 @@ def test_a_run_re_placed_while_it_runs_continues_exactly(
     variant: str, runs: dict[str, Path], model_path: Path, tmp_path: Path
 ) -> None:
     overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS[variant]]
-    overrides += [APART[0], "runner.replace_at=[2:actor_apart]"]
+    overrides += [TEST_PRESETS, "runner.replace_at=[2:actor_apart]"]
     plan = resolve(compose_run(overrides))
     (switch,) = switches(plan, overrides)
     assert plan.placement.mode == "collocated" and switch.plan.placement.devices_of("actor") == [1]
