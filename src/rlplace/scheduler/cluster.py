@@ -31,7 +31,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlplace.placement.cores import device_cores
 from rlplace.scheduler import parking
 from rlplace.scheduler.errors import ClusterError
-from rlplace.scheduler.group import GRACEFUL_EXIT_S, WorkerGroup, terminate_groups
+from rlplace.scheduler.group import WorkerGroup, terminate_groups
 from rlplace.scheduler.hosts import Device, HostProcess, IdleHosts, host_actor
 from rlplace.scheduler.hub import Hosted
 from rlplace.scheduler.rendezvous import create_rendezvous
@@ -211,7 +211,7 @@ class Cluster:
         for group in self._groups:
             group.terminated = True
         self._groups = []
-        self._idle.keep(running, wanted, GRACEFUL_EXIT_S)
+        self._idle.keep(running, wanted)
 
     def add_group(self, group: WorkerGroup) -> None:
         """Track a launched group so that `shutdown` tears it down."""

@@ -39,6 +39,11 @@ ACTOR_NAME_TOKEN = ":actor_name:"
 """A line of a process's output that starts with it names the actor in the prefix of its log lines on the driver's
 console (Ray's log monitor reads it: `ray._private.ray_constants.LOG_PREFIX_ACTOR_NAME`)."""
 
+RETIRE_TIMEOUT_S = 30.0
+"""How long retiring workers may take before their processes are stopped instead. Retiring itself is quick (a
+process group given back, a garbage collection), but on a loaded machine Ray can take seconds to deliver the call,
+and a host stopped for that costs the next groups a process start each: only a stuck worker should reach the bound."""
+
 
 class Host:
     """One worker process, holding one worker at a time (`become`, `retire`)."""
@@ -113,7 +118,9 @@ class IdleHosts:
     def __iter__(self) -> Iterator[HostProcess]:
         return (host for hosts in self._idle.values() for host in hosts)
 
-    def keep(self, hosts: Sequence[HostProcess], wanted: Counter[Device] | None, timeout_s: float) -> None:
+    def keep(
+        self, hosts: Sequence[HostProcess], wanted: Counter[Device] | None, timeout_s: float = RETIRE_TIMEOUT_S
+    ) -> None:
         """Retire the workers of `hosts` and keep, per device, up to `wanted[device]` of those whose process can be
         reused (None: all of them); stop the others, and those that do not retire within `timeout_s`."""
         retiring = {host.actor.retire.remote(): host for host in hosts}
