@@ -1,8 +1,8 @@
 """How well the planner predicts: profile, predict every job of the placement sweep, run them, compare; in rounds.
 
-    .venv/bin/python benchmarks/planner_accuracy.py                      # CartPole and HalfCheetah, ~36 min
+    .venv/bin/python benchmarks/planner_accuracy.py                      # CartPole and HalfCheetah, ~40 min
     .venv/bin/python benchmarks/planner_accuracy.py --tasks cartpole --rounds 3 --out accuracy.json
-    .venv/bin/python benchmarks/planner_accuracy.py --tasks arithmetic   # GRPO on the tiny LM, ~12 min
+    .venv/bin/python benchmarks/planner_accuracy.py --tasks arithmetic   # GRPO on the tiny LM, ~14 min
 
 Per task and round: one profiling run (`runner.profile=true`, in the placement its family profiles in: embodied
 disaggregated at 1 stage, reasoning hybrid; on the sweep's 4-device cluster), then the jobs of its placement sweep
@@ -13,9 +13,10 @@ predicted and measured step (the median of its steps after warm-up) are their me
 default 2): on a shared machine one job's step time moves between runs minutes apart, and rounds spread the
 profile and the jobs over the same stretch of time. The error is |predicted - measured| / measured; the table also
 gives how far the rounds' measurements of a job were apart. Also: whether the job the planner ranks first is the
-measured fastest, or within 5% of it; and `placement=auto` from the last round's profile, run at each K, against
-the measured best of the sweep's jobs at that K. Each invocation writes its own section of RESULTS.md, named by its
-tasks.
+measured fastest, or within 5% of it; and `placement=auto` from each round's profile, run at each K in that round,
+its median measured step against the measured best of the sweep's jobs at that K (both medians over the rounds: a
+single run against the least of twelve medians would mostly measure the machine). Each invocation writes its own
+section of RESULTS.md, named by its tasks.
 """
 
 from __future__ import annotations
@@ -117,8 +118,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             for task in args.tasks:
                 profile_dir = run_round(task, round_, tmp, seen)
-                if round_ == args.rounds - 1:
-                    autos += run_autos(task, profile_dir, tmp)
+                autos += run_autos(task, round_, profile_dir, tmp)
     rows, text = report(seen, autos, args.tasks, args.rounds)
     name = "planner_accuracy.py" + ("" if args.tasks == DEFAULT_TASKS else f" --tasks {' '.join(args.tasks)}")
     write_section(name, text)
@@ -146,16 +146,20 @@ def run_round(task: str, round_: int, tmp: Path, seen: Seen) -> Path:
     return profile_dir
 
 
-def run_autos(task: str, profile_dir: Path, tmp: Path) -> list[dict]:
-    """`placement=auto` from the profile at each K, run: what it chose, predicted and measured."""
+def run_autos(task: str, round_: int, profile_dir: Path, tmp: Path) -> list[dict]:
+    """`placement=auto` from the round's profile at each K, run: what it chose, predicted and measured."""
     autos = []
     for staleness in ("0", "1"):
         auto = ["placement=auto", f"plan.profile={profile_dir}", f"runner.max_staleness={staleness}"]
-        run_dir = tmp / f"{task}_auto_{staleness}"
+        run_dir = tmp / f"{task}_auto_{staleness}_{round_}"
         measured = train([*TASKS[task].base, *auto], run_dir)["time/step"]
         chosen = json.loads((run_dir / "run.json").read_text())["auto"]
         autos.append({"task": task, "K": staleness, "measured_s": measured, **chosen})
-        print(f"{task:<12} auto K={staleness}  measured {measured:6.3f} s  {chosen['overrides']}", flush=True)
+        print(
+            f"round {round_} {task:<12} auto K={staleness}  predicted {chosen['predicted_step_s']:6.3f} s  "
+            f"measured {measured:6.3f} s  {chosen['overrides']}",
+            flush=True,
+        )
     return autos
 
 
@@ -182,13 +186,16 @@ def report(seen: Seen, autos: list[dict], tasks: list[str], rounds: int) -> tupl
             f"{task}: planner's choice {title(chosen)} measured {chosen['measured_s']:.3f} s; measured best "
             f"{title(best)} {best['measured_s']:.3f} s ({chosen['measured_s'] / best['measured_s'] - 1:+.1%})"
         )
-        for auto in (a for a in autos if a["task"] == task):
-            best = min((r for r in jobs if r["K"] == auto["K"]), key=lambda r: r["measured_s"])
+        for staleness in sorted({a["K"] for a in autos if a["task"] == task}):
+            runs = [a for a in autos if a["task"] == task and a["K"] == staleness]
+            measured = statistics.median(a["measured_s"] for a in runs)
+            predicted = statistics.median(a["predicted_step_s"] for a in runs)
+            ran = "; ".join(f"`{choice}`" for choice in dict.fromkeys(a["overrides"] for a in runs))
+            best = min((r for r in jobs if r["K"] == staleness), key=lambda r: r["measured_s"])
             summary.append(
-                f"{task} placement=auto K={auto['K']}: ran `{auto['overrides']}`, measured "
-                f"{auto['measured_s']:.3f} s (predicted {auto['predicted_step_s']:.3f} s); the sweep's measured best "
-                f"at K={auto['K']}: {title(best)} {best['measured_s']:.3f} s "
-                f"({auto['measured_s'] / best['measured_s'] - 1:+.1%})"
+                f"{task} placement=auto K={staleness}: ran {ran}, measured {measured:.3f} s (predicted "
+                f"{predicted:.3f} s; medians over {len(runs)} rounds); the sweep's measured best at K={staleness}: "
+                f"{title(best)} {best['measured_s']:.3f} s ({measured / best['measured_s'] - 1:+.1%})"
             )
     print("\n" + "\n".join(summary))
     table = ["| task | placement | stages | K | predicted s | measured s | error | measured spread |"]
