@@ -7,9 +7,11 @@ workers hold the checkpoint's state (run.json's `replaced`); next to it, the ste
 `--benefit`: whether the planner's own moves pay (`runner.replan_interval`). The HalfCheetah preset on `cluster=local4`
 (the placement sweep's cluster) is profiled once (disaggregated, 1 stage), then run `--benefit-steps` steps three
 ways: started in the sweep's slowest placement and staying there, started there with `runner.replan_interval`, and
-started in the sweep's best; each run's wall time from the command to its exit.
+started in the sweep's best; each run's wall time from the command to its exit. The runs are long enough that what a
+re-plan gains shows next to what no re-plan can: the start-up of the placement a run starts in, a fixed cost (many
+more processes in the slowest placement than in the best) that a short run would mostly measure.
 
-    .venv/bin/python benchmarks/replace.py [--steps 8] [--benefit [--benefit-steps 150]]
+    .venv/bin/python benchmarks/replace.py [--steps 8] [--benefit [--benefit-steps 300]]
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--benefit", action="store_true", help="also: the planner's own moves against staying")
-    parser.add_argument("--benefit-steps", type=int, default=150)
+    parser.add_argument("--benefit-steps", type=int, default=300)
     args = parser.parse_args()
     lines = [
         "| run | re-placed after step | switch s | step s before | step s after (first one left out) |",
