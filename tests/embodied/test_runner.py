@@ -358,6 +358,32 @@ def test_async_training_resumes_exactly_under_another_placement(shared_ray: None
             assert row.get(key) == (expected if expected is None else pytest.approx(expected, rel=1e-5)), key
 
 
+# The HalfCheetah preset (MuJoCo, continuous actions, env and rollout pipelined in 2 stages) re-placed the same way at
+# K = 1: env on device 0, rollout and actor on device 1, then everything on device 0. One process per component in
+# both placements, so the batch shapes, and with them the numbers, stay the same bit for bit.
+CHEETAH = ["experiment=halfcheetah_pipeline", "rollout.num_steps=8", "model.hidden_sizes=[32,32]", *ASYNC]
+CHEETAH += ["cluster.component_placement.env=0", "cluster.component_placement.rollout=1"]
+CHEETAH += ["cluster.component_placement.actor=1"]
+
+
+@pytest.mark.slow
+def test_the_halfcheetah_preset_re_placed_while_it_runs_continues_exactly(shared_ray: None, tmp_path: Path) -> None:
+    pytest.importorskip("mujoco")
+    stayed = run(mkdir(tmp_path / "stayed"), *CHEETAH)
+    switched = run(mkdir(tmp_path / "switched"), *CHEETAH, *REPLACE)
+    (replaced,) = json.loads((tmp_path / "switched" / RUN_INFO).read_text())["replaced"]
+    assert (replaced["step"], replaced["to"]) == (2, "one_device")
+    assert [row["step"] for row in switched] == [row["step"] for row in stayed] == [0, 1, 2, 3]
+    assert {"train/policy_loss", "train/grad_norm", "env/total_steps"} <= results(stayed[0]).keys()
+    for row, full in zip(switched, stayed, strict=True):
+        assert results(row) == results(full), row["step"]
+
+
+def results(row: dict[str, float]) -> dict[str, float]:
+    """A metrics row's numbers that placement must not change (not its times and rates)."""
+    return {key: value for key, value in row.items() if key.startswith(("train/", "env/", "rollout/", "async/"))}
+
+
 @pytest.mark.slow
 def test_profile_times_each_component_after_the_run(hybrid_run: Path, collocated_run: Path) -> None:
     assert not (collocated_run / PROFILE_FILE).exists()  # only with runner.profile=true

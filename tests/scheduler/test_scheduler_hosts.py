@@ -1,6 +1,7 @@
 """Worker processes kept across a re-placement (`Cluster.replace`): the new ranks take over the old processes on their
 devices, re-pinned, with a fresh torch.distributed group; the processes no rank takes stop; shares kept from the old
-placement leave room for the new processes; a process that loaded vLLM is not reused."""
+placement leave room for the new processes; a process that loaded vLLM is not reused; a rank that dies in a kept
+process is named like any other failure."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rlplace.scheduler import Cluster, Worker
+from rlplace.scheduler import Cluster, Worker, WorkerError
 from tests.scheduler.helpers import on_devices
 
 
@@ -35,6 +36,13 @@ class Rank(Worker):
     def load_vllm(self) -> None:
         """Stand in for a rollout that built a vLLM engine: the host looks for the module."""
         sys.modules.setdefault("vllm", types.ModuleType("vllm"))
+
+
+class DiesOnStart(Worker):
+    """A worker whose process exits while the worker is being built."""
+
+    def __init__(self) -> None:
+        os._exit(1)
 
 
 def gone(pid: int, within_s: float = 10.0) -> bool:
@@ -83,6 +91,16 @@ def test_a_process_that_loaded_vllm_is_not_reused(cluster: Cluster) -> None:
     after = [pid for pid, *_ in new.where().wait()]
     assert after[0] == pids[0] and after[1] != pids[1]
     assert gone(pids[1])
+
+
+def test_a_rank_that_dies_in_a_kept_process_during_a_switch_is_named(cluster: Cluster) -> None:
+    old = Rank.create_group().launch(cluster, name="old", placement_strategy=on_devices((0,), (1,)))
+    pids = [pid for pid, *_ in old.where().wait()]
+
+    cluster.replace(on_devices((0,), (1,)))  # both processes kept: the new ranks die in them, as they are built
+    with pytest.raises(WorkerError, match=r"group 'new' rank \d: __init__\(\) failed: the worker process died"):
+        DiesOnStart.create_group().launch(cluster, name="new", placement_strategy=on_devices((0,), (1,)))
+    assert all(gone(pid) for pid in pids)
 
 
 @pytest.fixture(autouse=True)
