@@ -1,8 +1,8 @@
 """How well the planner predicts: profile, predict every job of the placement sweep, run them, compare; in rounds.
 
-    .venv/bin/python benchmarks/planner_accuracy.py                      # CartPole and HalfCheetah, ~40 min
+    .venv/bin/python benchmarks/planner_accuracy.py                      # CartPole and HalfCheetah, ~23 min
     .venv/bin/python benchmarks/planner_accuracy.py --tasks cartpole --rounds 3 --out accuracy.json
-    .venv/bin/python benchmarks/planner_accuracy.py --tasks arithmetic   # GRPO on the tiny LM, ~14 min
+    .venv/bin/python benchmarks/planner_accuracy.py --tasks arithmetic   # GRPO on the tiny LM
 
 Per task and round: one profiling run (`runner.profile=true`, in the placement its family profiles in: embodied
 disaggregated at 1 stage, reasoning hybrid; on the sweep's 4-device cluster), then the jobs of its placement sweep

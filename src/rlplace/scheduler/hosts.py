@@ -118,13 +118,11 @@ class IdleHosts:
     def __iter__(self) -> Iterator[HostProcess]:
         return (host for hosts in self._idle.values() for host in hosts)
 
-    def keep(
-        self, hosts: Sequence[HostProcess], wanted: Counter[Device] | None, timeout_s: float = RETIRE_TIMEOUT_S
-    ) -> None:
+    def keep(self, hosts: Sequence[HostProcess], wanted: Counter[Device] | None) -> None:
         """Retire the workers of `hosts` and keep, per device, up to `wanted[device]` of those whose process can be
-        reused (None: all of them); stop the others, and those that do not retire within `timeout_s`."""
+        reused (None: all of them); stop the others, and those that do not retire within `RETIRE_TIMEOUT_S`."""
         retiring = {host.actor.retire.remote(): host for host in hosts}
-        ready = ray.wait(list(retiring), num_returns=len(retiring), timeout=timeout_s)[0] if retiring else []
+        ready = ray.wait(list(retiring), num_returns=len(retiring), timeout=RETIRE_TIMEOUT_S)[0] if retiring else []
         for ref in ready:
             try:
                 reusable = ray.get(ref)
