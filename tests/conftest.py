@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -56,10 +55,3 @@ def compose_cfg() -> Callable[..., DictConfig]:
             return compose(config_name="train", overrides=list(overrides))
 
     return _compose
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with the most end-to-end (`slow`) tests first, each file's tests together and in order: `make test`
-    hands whole files to two workers, and a long file started last would end the run alone."""
-    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.path])  # stable: files of equal weight keep their order

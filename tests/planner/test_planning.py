@@ -168,8 +168,9 @@ def test_an_auto_placed_run_profiles_first_records_its_choice_and_checks_its_pre
 ) -> None:
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "rlplace.train", "placement=auto"]  # no profile: a short run makes one first
+    tiny = ["task.total_num_envs=4", "rollout.num_steps=16", "algorithm.update_epochs=4", "algorithm.num_minibatches=2"]
     done = subprocess.run(
-        [*command, "runner.max_steps=3", "logger=jsonl", f"hydra.run.dir={run_dir}"],  # one step after warm-up
+        [*command, *tiny, "runner.max_steps=3", "logger=jsonl", f"hydra.run.dir={run_dir}"],  # one after warm-up
         capture_output=True,
         text=True,
         timeout=300,
