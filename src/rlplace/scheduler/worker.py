@@ -205,12 +205,23 @@ def pin_process(cores: tuple[int, ...]) -> None:
 
     `os.sched_setaffinity(0, ...)` only moves the calling thread, while Ray's threads already run, so each thread
     of the process is moved; threads started later inherit the affinity of their creator. A torch imported later
-    sizes its pool from OMP_NUM_THREADS, which the launch sets (`context.worker_env`).
+    sizes its pool from OMP_NUM_THREADS, which the launch sets (`context.worker_env`), unless the OpenMP runtime was
+    loaded before that, as LD_PRELOAD does (vLLM's CPU set-up guide has users preload one): it read the variable at
+    process start, so torch is imported now and told.
     """
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cores)
         except ProcessLookupError:
             continue  # the thread ended meanwhile
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(len(cores))
+    torch = sys.modules.get("torch")
+    if torch is None and _openmp_loaded():
+        import torch
+    if torch is not None:
+        torch.set_num_threads(len(cores))
+
+
+def _openmp_loaded() -> bool:
+    """Whether an OpenMP runtime (GNU, Intel or LLVM) is mapped into this process."""
+    with open("/proc/self/maps") as maps:
+        return any(name in line for line in maps for name in ("libgomp", "libiomp5", "libomp."))
