@@ -383,7 +383,8 @@ def test_the_report_of_a_wandb_sweep_is_logged_to_its_group(
         report_main([str(sweep_dir)])
     assert "rlplace: sweep report on wandb in " in capsys.readouterr().out
     runs = sorted((sweep_dir / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and len({run.name.rsplit("-", 1)[1] for run in runs}) == 1
+    # offline-run-<time>-<run id>, with "-1" appended to the second when both started within the same second
+    assert len(runs) == 2 and len({run.name.split("-")[3] for run in runs}) == 1
     kinds = record_kinds(runs[-1])
     assert "artifact" in kinds and "history" in kinds
     log = next(runs[-1].glob("*.wandb")).read_bytes()
