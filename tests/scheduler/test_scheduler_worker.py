@@ -149,9 +149,9 @@ print(torch.get_num_threads())
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to tell 1 thread from all")
 def test_a_rank_pinned_where_openmp_was_preloaded_gets_one_thread_per_core() -> None:
-    """OpenMP preloaded (LD_PRELOAD, as vLLM's CPU guide has users set it, and as vLLM sets it in a process that built
-    an engine, whose later children inherit it) reads OMP_NUM_THREADS when the process starts, before the rank sets
-    it: pinning must size torch's pool itself."""
+    """OpenMP preloaded (LD_PRELOAD, as a user's shell may set it, and as vLLM sets it in a process that built an
+    engine, whose later children inherit it) reads OMP_NUM_THREADS when the process starts, before the rank sets it:
+    pinning must size torch's pool itself."""
     import torch
 
     libgomp = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")

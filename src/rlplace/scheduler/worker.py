@@ -206,8 +206,8 @@ def pin_process(cores: tuple[int, ...]) -> None:
     `os.sched_setaffinity(0, ...)` only moves the calling thread, while Ray's threads already run, so each thread
     of the process is moved; threads started later inherit the affinity of their creator. A torch imported later
     sizes its pool from OMP_NUM_THREADS, which the launch sets (`context.worker_env`), unless the OpenMP runtime was
-    loaded before that, as LD_PRELOAD does (vLLM's CPU set-up guide has users preload one): it read the variable at
-    process start, so torch is imported now and told.
+    loaded before that, by LD_PRELOAD (vLLM's CPU platform preloads torch's libgomp for the processes it starts, or
+    a user's shell preloads a runtime): it read the variable at process start, so torch is imported now and told.
     """
     for tid in os.listdir("/proc/self/task"):
         try:
