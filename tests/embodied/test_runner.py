@@ -28,6 +28,7 @@ from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError
 from rlplace.replace import OWN_PROFILES, switches
 from rlplace.train import RUN_INFO, train
+from tests import TEST_PRESETS
 from tests.planner.synthetic import write_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -294,7 +295,7 @@ ONE_EACH = ["placement=hybrid", "cluster.component_placement.env=0", "cluster.co
 OVERLAPPED = [*ONE_EACH, "cluster.component_placement.actor=1"]
 ONE_EACH_COLLOCATED = [*ONE_EACH, "cluster.component_placement.actor=0"]
 ASYNC = ["runner.max_staleness=1", "runner.max_steps=4"]
-REPLACE = [f"hydra.searchpath=[file://{ROOT / 'tests' / 'presets'}]", "runner.replace_at=[2:one_device]"]
+REPLACE = [TEST_PRESETS, "runner.replace_at=[2:one_device]"]
 """Re-placed after step 2 into the tests' own preset: env, rollout and actor on device 0 (as ONE_EACH_COLLOCATED)."""
 
 

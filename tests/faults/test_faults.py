@@ -29,6 +29,7 @@ from rlplace.scheduler import WorkerError, WorkerTimeout
 from rlplace.scheduler.group import GRACEFUL_EXIT_S
 from rlplace.scheduler.session import REAP_S
 from rlplace.train import RUN_INFO, train
+from tests import TEST_PRESETS
 from tests.ray_temp import RAY_TEMP
 
 TINY = ["task.total_num_envs=4", "rollout.num_steps=16", "algorithm.num_minibatches=2", "logger=jsonl"]
@@ -213,8 +214,7 @@ def test_a_killed_worker_is_named_at_once(shared_ray: None, tmp_path: Path) -> N
 # The run re-places itself after 2 steps (into the tests' own preset: env, rollout and actor on device 0), and the
 # signal comes as that switch begins (the second metrics row is the step before it): the switch, its checkpoint
 # included, is no place to stop, so the run finishes it and the step after it, and exits resumable.
-PRESETS = Path(__file__).resolve().parents[1] / "presets"
-SWITCH = [f"hydra.searchpath=[file://{PRESETS}]", "runner.replace_at=[2:one_device]"]
+SWITCH = [TEST_PRESETS, "runner.replace_at=[2:one_device]"]
 
 
 @pytest.mark.slow

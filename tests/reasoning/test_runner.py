@@ -44,12 +44,11 @@ from rlplace.reasoning.launch import check_checkpoint, checkpoint_identity
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.replace import switches
 from rlplace.train import train
+from tests import TEST_PRESETS
 from tests.reasoning.runs import TINY, command, compared, metrics, same, start, trained
 
 VLLM = importlib.util.find_spec("vllm") is not None
 ASYNC_PPO = ["experiment=arithmetic_grpo", "algorithm=reasoning_ppo", "runner.max_staleness=1", "runner.max_steps=4"]
-TEST_PRESETS = f"hydra.searchpath=[file://{Path(__file__).resolve().parents[1] / 'presets'}]"
-"""The tests' own option files (tests/presets), joined to the project's."""
 RUNS = {
     # Every component on device 0 (of one core), taking turns: the actor and rollout offload while the others work.
     # PPO: its critic's GAE advantages are not all 0 even when every reward is (an untrained model answers nothing
