@@ -96,11 +96,13 @@ def vllm_built(models) -> Iterator[BuiltVLLM]:
     start, before = time.perf_counter(), set(os.listdir(tempfile.gettempdir()))
     engine = make_engine("vllm", str(models.sums), "cpu")
     print(f"vllm engine start: {time.perf_counter() - start:.1f} s")
-    yield BuiltVLLM(engine, torch.rand(4), set(os.listdir(tempfile.gettempdir())) - before)
-    engine.close()
+    try:
+        yield BuiltVLLM(engine, torch.rand(4), set(os.listdir(tempfile.gettempdir())) - before)
+        engine.close()
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
     assert not os.path.exists(engine.scratch)
-    os.environ.clear()
-    os.environ.update(environ)
 
 
 @pytest.fixture
