@@ -55,8 +55,8 @@ def test_round_trips_keep_every_value_reuse_the_pinned_memory_and_leave_adam_ste
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_sharded_state_round_trips_every_value(tmp_path) -> None:
-    """An FSDP2-sharded model (`actor.strategy = fsdp`), its gradients and AdamW state: off the GPU and back, every
-    shard's value kept, and training goes on."""
+    """An FSDP2-sharded model (`actor.strategy = fsdp`), its gradients and AdamW state: off the GPU into pinned host
+    memory and back, every shard's value kept, and training goes on."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -87,7 +87,7 @@ def test_sharded_state_round_trips_every_value(tmp_path) -> None:
         host = HostCopies()
         offloaded = move(model, optimizer, CPU, host)
         assert offloaded.bytes == sum(t.numel() * t.element_size() for t in on_device)
-        assert all(local(t).device == CPU for _, _, t in _tensors(model, optimizer))
+        assert all(local(t).device == CPU and local(t).is_pinned() for _, _, t in _tensors(model, optimizer))
         move(model, optimizer, cuda, host)
         back = [local(t) for _, _, t in _tensors(model, optimizer)]
         assert all(t.device == cuda and torch.equal(t, e) for t, e in zip(back, on_device, strict=True))

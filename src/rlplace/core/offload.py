@@ -5,13 +5,15 @@ optimizer state to pinned CPU memory between phases and back before it works aga
 no device memory to free: the call is a recorded no-op (0 bytes moved), so the timeline still shows where it would
 happen.
 
-Sharded state (an FSDP2 actor, `actor.strategy = fsdp`) moves each rank's shards, and moves them through
-`module.to`: FSDP2 keeps views into each shard, which it re-derives after `module.to` and would lose if the shards
-were swapped behind its back, so those shards go to ordinary host memory rather than to the reused pinned copies.
+Sharded state (an FSDP2 actor, `actor.strategy = fsdp`) moves each rank's shards through `module._apply`, the
+path of `module.to`: FSDP2 keeps views into each shard, which it re-derives after `_apply` and would lose if the
+shards were swapped behind its back. The function applied copies each shard into the component's pinned host copy,
+as for an unsharded model; `module.to` itself would copy into fresh pageable memory, several times slower.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -86,14 +88,13 @@ def move(
     (benchmarks/gpu_suite.py compares its rate with the pinned copy rate)."""
     start = time.perf_counter()
     if any(is_sharded(param) for param in module.parameters()):
-        return _move_sharded(module, optimizer, device, start)
+        return _move_sharded(module, optimizer, device, host, start)
     moved = 0
     for owner, name, tensor in _tensors(module, optimizer):
         if tensor.device == device:
             continue
         if device.type == "cpu":
-            target = host.like(owner, name, tensor)
-            target.copy_(tensor, non_blocking=True)
+            target = _host_copy(host, owner, name, tensor)
         else:
             target = tensor.to(device, non_blocking=True)
         moved += tensor.numel() * tensor.element_size()
@@ -113,7 +114,11 @@ def move(
 
 
 def _move_sharded(
-    module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device, start: float
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    device: torch.device,
+    host: HostCopies,
+    start: float,
 ) -> TransferRecord:
     """`move` for a module whose parameters are shards (DTensors): this rank's shards, their gradients, the buffers
     and the optimizer state go to `device`."""
@@ -122,12 +127,38 @@ def _move_sharded(
     moved = sum(local_part(tensor).numel() * local_part(tensor).element_size() for _, _, tensor in away)
     if not moved:
         return TransferRecord(0, time.perf_counter() - start)
-    module.to(device)  # parameters, their gradients and buffers; FSDP2 re-derives its views of the shards
+    if device.type == "cpu":
+        order = itertools.count()  # `_apply` visits the same tensors in the same order at every offload
+
+        def to_host(tensor: torch.Tensor) -> torch.Tensor:
+            name = f"shard {next(order)}"
+            # A tied weight is visited once per module that holds it, and moved at the first visit.
+            return tensor if local_part(tensor).device == device else _host_copy(host, module, name, tensor)
+
+        module._apply(to_host)  # noqa: SLF001 - the one path on which FSDP2 re-derives its views of the shards
+    else:
+        module.to(device)  # parameters, their gradients and buffers; FSDP2 re-derives its views of the shards
     for owner, name, tensor in away:
         if isinstance(owner, dict):  # optimizer state
-            owner[name] = tensor.to(device, non_blocking=True)
+            on_host = device.type == "cpu"
+            owner[name] = _host_copy(host, owner, name, tensor) if on_host else tensor.to(device, non_blocking=True)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         if device.type == "cpu":
             torch.cuda.empty_cache()
     return TransferRecord(moved, time.perf_counter() - start)
+
+
+def _host_copy(host: HostCopies, owner: object, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` copied (asynchronously) into its pinned host copy; a shard comes back as a shard of the same
+    distributed tensor whose local part is that copy."""
+    local = local_part(tensor)
+    target = host.like(owner, name, local)
+    target.copy_(local, non_blocking=True)
+    if not is_sharded(tensor):
+        return target
+    from torch.distributed.tensor import DTensor  # imported already where a tensor is sharded
+
+    return DTensor.from_local(
+        target, tensor.device_mesh, tensor.placements, run_check=False, shape=tensor.shape, stride=tensor.stride()
+    )
