@@ -1,8 +1,10 @@
 """Scheduler micro-benchmarks: what a driver call and a group-to-group tensor cost (channel items: handoff.py).
 
 Each figure stands next to a baseline that bounds it (raw `ray.put`/`ray.get`, a local memcpy), so the table shows
-the scheduler's overhead rather than the machine's speed. Runs an embedded Ray with 2 logical cpu devices; on a
-machine with NVIDIA GPUs it adds CUDA IPC (two processes on one GPU) and NCCL (two GPUs) rows.
+the scheduler's overhead rather than the machine's speed. Runs an embedded Ray with 4 logical cpu devices (on a
+2-core machine devices 0 and 2 share a core, as they do in the placement sweeps on `cluster=local4`); on a machine
+with NVIDIA GPUs it adds CUDA IPC (two processes on one GPU) and NCCL (two GPUs) rows. The weight-sync rows send a
+small policy's weights (`core.weights`, as the embodied actor does every step) between ranks on two cores and on one.
 
     .venv/bin/python benchmarks/scheduler_bench.py
 """
@@ -16,6 +18,7 @@ import torch
 from results import write_section
 
 from rlplace.core.config import ClusterConfig
+from rlplace.core.weights import broadcast_weights, receive_weights
 from rlplace.placement.placement import Placement
 from rlplace.scheduler import Cluster, Worker
 
@@ -39,6 +42,29 @@ class Bench(Worker):
     def recv_repeatedly(self, count: int, group: str) -> None:
         for _ in range(count + 1):
             self.recv(group, 0)
+
+    def sync_repeatedly(self, count: int, group: str) -> float:
+        """Send `count` weight syncs of `policy()` to `group` after one warm-up; seconds taken by the `count`."""
+        model = policy()
+        broadcast_weights(self, model, 0, group, bucket_mb=64)
+        start = time.perf_counter()
+        for version in range(count):
+            broadcast_weights(self, model, version, group, bucket_mb=64)
+        return time.perf_counter() - start
+
+    def receive_syncs(self, count: int, group: str) -> None:
+        model = policy()
+        for _ in range(count + 1):
+            receive_weights(self, model, group)
+
+
+def policy() -> torch.nn.Module:
+    """The embodied default's networks: actor and critic MLPs of 64 x 64 on CartPole (10 tensors, 37 KB)."""
+
+    def mlp(outputs: int) -> torch.nn.Sequential:
+        return torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, outputs))
+
+    return torch.nn.ModuleDict({"actor": mlp(2), "critic": mlp(1)})
 
 
 def ranks(local_devices: list[int]) -> list[Placement]:
@@ -93,6 +119,22 @@ def transfers(cluster: Cluster, device: str, sender_device: int, receiver_device
     return rows
 
 
+def weight_syncs(cluster: Cluster, sender_device: int, receiver_device: int, label: str) -> list[Row]:
+    """A small policy's weights from one rank to another group of one rank, as a step's weight sync sends them."""
+    pair = f"{sender_device}-{receiver_device}"
+    sender = Bench.create_group().launch(cluster, name=f"sync-tx-{pair}", placement_strategy=ranks([sender_device]))
+    receiver = Bench.create_group().launch(cluster, name=f"sync-rx-{pair}", placement_strategy=ranks([receiver_device]))
+    count = 100
+    received = receiver.receive_syncs(count, sender.name)
+    seconds = sender.sync_repeatedly(count, receiver.name).wait()[0] / count
+    received.wait()
+    nbytes = sum(t.numel() * t.element_size() for t in policy().state_dict().values())
+    sender.terminate()
+    receiver.terminate()
+    case, payload = f"weight sync to 1 rank ({label})", f"{nbytes / 1e3:.0f} KB, 10 tensors"
+    return [(case, payload, f"{1 / seconds:,.0f} syncs/s", f"{seconds * 1e3:.2f} ms", "", "")]
+
+
 def gbps(nbytes: int, seconds: float) -> str:
     return f"{nbytes / seconds / 1e9:.2f} GB/s" if nbytes else ""
 
@@ -109,9 +151,11 @@ def print_table(rows: list[Row]) -> str:
 def main() -> None:
     start = time.perf_counter()
     rows: list[Row] = []
-    with Cluster(ClusterConfig()) as cluster:
+    with Cluster(ClusterConfig(num_devices_per_node=4, max_oversubscription=8)) as cluster:
         rows += round_trips(cluster)
         rows += transfers(cluster, "cpu", 0, 1, "gloo")
+        rows += weight_syncs(cluster, 0, 1, "gloo, two cores")
+        rows += weight_syncs(cluster, 0, 2, "gloo, one core")
     notes = []
     if torch.cuda.is_available():
         gpus = torch.cuda.device_count()

@@ -81,6 +81,23 @@ def test_tensors_between_groups(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
         assert_same(got, sent)
 
 
+LARGER = [
+    [torch.randn(3) for _ in range(1500)],  # a header longer than the first message
+    {"large": torch.randn(5 << 20), "small": torch.arange(3)},  # 20 MiB: a message of its own beside the packed ones
+    {"packed": torch.randn(64, 1024), "flags": torch.tensor([True, False]), "half": torch.randn(3, dtype=torch.half)},
+]
+"""Payloads that do not fit in one message (`collective.FIRST_MESSAGE_BYTES`): the header, the packed buffer or a
+large tensor follows on its own."""
+
+
+def test_payloads_larger_than_one_message(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
+    actor, rollout = peers
+    received = actor.recv_all(len(LARGER), "rollout", 0)  # on the sender's core: every message there costs a tick
+    rollout.execute_on(0).broadcast_all(LARGER, "actor").wait(timeout=60)
+    for got, sent in zip(received.wait(timeout=60)[0], LARGER, strict=True):
+        assert_same(got, sent)
+
+
 def test_dicts_with_plain_values(peers: tuple[WorkerGroup, WorkerGroup]) -> None:
     actor, rollout = peers
     state = {

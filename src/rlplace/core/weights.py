@@ -1,13 +1,17 @@
 """Weight sync: actor rank 0 broadcasts its weights to every rollout rank, in buckets.
 
 Sending the whole state dict as one message needs a second full copy of the weights in flight; buckets of about
-`weight_sync.bucket_mb` bound that, which matters for LLM-sized policies. A header with the bucket count goes first,
-so the receiver knows how many messages make one update. When the actor's ranks each hold a shard of every tensor
-(`actor.strategy = fsdp`), every rank takes part: each bucket is gathered into full tensors (`full_tensor()`) and rank 0
-sends it, so no rank ever holds more than one bucket of the whole model beyond its shards.
+`weight_sync.bucket_mb` bound that, which matters for LLM-sized policies. The first bucket carries the bucket count
+and the version, so the receiver knows how many messages make one update, and a policy of one bucket is one message
+(each costs a scheduler tick between processes that share a core: `scheduler.collective`). When the actor's ranks
+each hold a shard of every tensor (`actor.strategy = fsdp`), every rank takes part: each bucket is gathered into full
+tensors (`full_tensor()`) and rank 0 sends it, so no rank ever holds more than one bucket of the whole model beyond
+its shards.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 
@@ -40,32 +44,43 @@ def broadcast_weights(worker: Worker, model: torch.nn.Module, version: int, dst_
     buckets. Every rank of a sharded model calls it (the gathers are collective); other ranks of a replicated one may
     too, and send nothing."""
     parts = buckets(model.state_dict(), bucket_mb)  # a sharded tensor's size is its whole size
-    sender = worker.rank == 0
-    if sender:
-        worker.broadcast({"num_buckets": torch.tensor(len(parts)), "version": torch.tensor(version)}, dst_group)
-    for part in parts:
+    for index, part in enumerate(parts):
         full = {name: gathered(tensor) for name, tensor in part.items()}
-        if sender:
-            worker.broadcast(full, dst_group)
+        if worker.rank == 0:
+            first = {"num_buckets": len(parts), "version": version} if index == 0 else {}
+            worker.broadcast({**first, "tensors": full}, dst_group)
     return len(parts)
+
+
+def _received(worker: Worker, src_group: str) -> tuple[int, Iterator[dict[str, torch.Tensor]]]:
+    """The version of one update sent by `broadcast_weights`, and its buckets (the later ones received as they are
+    taken)."""
+    first = worker.recv(src_group, 0)
+
+    def parts() -> Iterator[dict[str, torch.Tensor]]:
+        yield first["tensors"]
+        for _ in range(first["num_buckets"] - 1):
+            yield worker.recv(src_group, 0)["tensors"]
+
+    return first["version"], parts()
 
 
 @torch.no_grad()
 def receive_weights(worker: Worker, model: torch.nn.Module, src_group: str) -> int:
     """Receive what `broadcast_weights` sends from rank 0 of `src_group` into `model`, in place; returns its version."""
-    header = worker.recv(src_group, 0)
     state = model.state_dict()
-    for _ in range(int(header["num_buckets"])):
-        for name, tensor in worker.recv(src_group, 0).items():
+    version, parts = _received(worker, src_group)
+    for part in parts:
+        for name, tensor in part.items():
             state[name].copy_(tensor)
-    return int(header["version"])
+    return version
 
 
 def receive_state(worker: Worker, src_group: str) -> tuple[int, dict[str, torch.Tensor]]:
     """Receive what `broadcast_weights` sends as a whole state dict, for holders that load weights themselves
     (an inference engine whose parameters are not a torch module of ours); returns (version, state)."""
-    header = worker.recv(src_group, 0)
+    version, parts = _received(worker, src_group)
     state: dict[str, torch.Tensor] = {}
-    for _ in range(int(header["num_buckets"])):
-        state.update(worker.recv(src_group, 0))
-    return int(header["version"]), state
+    for part in parts:
+        state.update(part)
+    return version, state

@@ -12,10 +12,17 @@ it there. So both sides may start at the same time, and no port is guessed.
 Payloads are a tensor or nested dicts/lists/tuples of tensors; non-tensor leaves travel in a pickled header that
 also gives every tensor's shape, dtype and transport:
 
-- CPU tensors: gloo;
+- CPU tensors: gloo, the small ones packed into one buffer (`PACK_BELOW`);
 - CUDA tensors between different GPUs: NCCL;
 - CUDA tensors between processes on one GPU: CUDA IPC (NCCL refuses two ranks on one device). The receiver opens
   the sender's memory, copies it, and acknowledges, so the sender keeps the tensor alive until then.
+
+A gloo message between two processes that share a core costs about a scheduler tick, whatever its size, where
+processes on two cores exchange one in a fraction of a millisecond (one side busy-waits while the other needs the
+core; benchmarks/scheduler_bench.py times weight syncs both ways). So a transfer sends as few messages as it can: a first message of fixed
+size (`FIRST_MESSAGE_BYTES`) carries the header's length, then the header and the packed tensors where they fit; only
+what does not fit follows, the header, the packed buffer and each large tensor as one message each. A small payload
+(a small policy's weights) is one message.
 
 A broadcast sends the payload to every rank of the destination group, all at once (to a group of one rank, it is a
 point-to-point send); each of them receives it with `recv`. Transfers between two ranks must be issued in the same
@@ -25,9 +32,10 @@ order on both sides, as with any point-to-point protocol.
 from __future__ import annotations
 
 import contextlib
+import math
 import pickle
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +56,17 @@ TIMEOUT = timedelta(seconds=300)
 """How long a rank waits for its peer to join a communicator or to complete a transfer."""
 
 
+FIRST_MESSAGE_BYTES = 64 << 10
+"""The size of a transfer's first message: the header's length, then the header and the packed tensors if they fit."""
+PACK_BELOW = 16 << 20
+"""CPU tensors of fewer bytes travel packed into one buffer: copying one costs less than a message of its own would
+between processes that share a core (a scheduler tick)."""
+_ALIGN = 64
+"""Packed tensors start at multiples of this many bytes, so that each is a view of the buffer in its own dtype."""
+_LENGTH = torch.empty(0, dtype=torch.int64).element_size()
+"""Bytes of the header's length at the start of the first message."""
+
+
 @dataclass(frozen=True)
 class _TensorSlot:
     """Where a tensor sat in the payload, and how it travels."""
@@ -57,6 +76,12 @@ class _TensorSlot:
     dtype: torch.dtype
     transport: str  # "gloo" | "nccl" | "ipc"
     ipc_handle: tuple[Callable[..., torch.Tensor], tuple[Any, ...]] | None = None
+    offset: int | None = None
+    """Where a packed CPU tensor starts in the packed buffer; None for one that travels on its own."""
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 class Transfers:
@@ -144,8 +169,9 @@ class _PairComm:
         self._peer_gpu: str | None = None
         self._nccl: Any = None
 
-    def plan(self, payload: Payload) -> tuple[torch.Tensor, list[torch.Tensor], list[_TensorSlot]]:
-        """The header announcing `payload` to the receiver, its tensors (contiguous), and how each travels."""
+    def plan(self, payload: Payload) -> tuple[list[torch.Tensor], list[torch.Tensor], list[_TensorSlot]]:
+        """The messages that announce `payload` to the receiver (its first message, then the header and the packed
+        buffer where they do not fit in it), its tensors (contiguous), and how each travels."""
         tensors: list[torch.Tensor] = []
         skeleton = _strip_tensors(payload, tensors)
         tensors = [t.detach().contiguous() for t in tensors]
@@ -153,17 +179,35 @@ class _PairComm:
         if any(slot.transport == "ipc" for slot in slots):
             torch.cuda.current_stream(self.device).synchronize()  # the receiver reads the memory on its own stream
             slots = [_with_ipc_handle(slot, tensors[slot.index]) for slot in slots]
-        header = torch.frombuffer(bytearray(pickle.dumps((skeleton, slots))), dtype=torch.uint8)
-        return header, tensors, slots
+        size = 0
+        for i, slot in enumerate(slots):
+            if slot.transport == "gloo" and 0 < slot.nbytes < PACK_BELOW:
+                slots[i] = replace(slot, offset=size)
+                size += _aligned(slot.nbytes)
+        packed = torch.empty(size, dtype=torch.uint8)
+        for slot in slots:
+            if slot.offset is not None:
+                packed[slot.offset : slot.offset + slot.nbytes].copy_(_as_bytes(tensors[slot.index]))
+        header = pickle.dumps((skeleton, slots, size))
+        first = torch.empty(FIRST_MESSAGE_BYTES, dtype=torch.uint8)
+        first[:_LENGTH].copy_(torch.tensor([len(header)], dtype=torch.int64).view(torch.uint8))
+        messages = [first]
+        header_at, packed_at = _layout(len(header), size)
+        for start, data in ((header_at, torch.frombuffer(bytearray(header), dtype=torch.uint8)), (packed_at, packed)):
+            if start is not None:
+                first[start : start + data.numel()].copy_(data)
+            elif data.numel():
+                messages.append(data)
+        return messages, tensors, slots
 
-    def start_send(self, header: torch.Tensor, tensors: list[torch.Tensor], slots: list[_TensorSlot]) -> list[Any]:
-        """Start sending header and tensors; the caller waits on the returned works, then calls `finish_send`."""
-        works = [
-            self.gloo.send([torch.tensor([header.numel()], dtype=torch.int64)], self.peer, 0),
-            self.gloo.send([header], self.peer, 0),
-        ]
+    def start_send(
+        self, messages: list[torch.Tensor], tensors: list[torch.Tensor], slots: list[_TensorSlot]
+    ) -> list[Any]:
+        """Start sending the messages and the tensors that travel on their own; the caller waits on the returned
+        works, then calls `finish_send`."""
+        works = [self.gloo.send([message], self.peer, 0) for message in messages]
         for slot, tensor in zip(slots, tensors, strict=True):
-            if slot.transport == "gloo" and tensor.numel():
+            if slot.transport == "gloo" and slot.offset is None and tensor.numel():
                 works.append(self.gloo.send([_as_bytes(tensor)], self.peer, 0))
             elif slot.transport == "nccl" and tensor.numel():
                 works.append(self._nccl_group().send([tensor], self.peer, 0))
@@ -175,21 +219,31 @@ class _PairComm:
             self.gloo.recv([torch.empty(1, dtype=torch.uint8)], self.peer, 0).wait()
 
     def recv(self) -> Payload:
-        size = torch.empty(1, dtype=torch.int64)
-        self.gloo.recv([size], self.peer, 0).wait()
-        header = torch.empty(int(size.item()), dtype=torch.uint8)
-        self.gloo.recv([header], self.peer, 0).wait()
-        skeleton, slots = pickle.loads(header.numpy().tobytes())
-        tensors = [self._recv_tensor(slot) for slot in slots]
+        first = self._recv_bytes(FIRST_MESSAGE_BYTES)
+        length = int(first[:_LENGTH].view(torch.int64).item())
+        at = _LENGTH if _LENGTH + length <= FIRST_MESSAGE_BYTES else None
+        header = first[at : at + length] if at is not None else self._recv_bytes(length)
+        skeleton, slots, size = pickle.loads(header.numpy().tobytes())
+        _, packed_at = _layout(length, size)
+        packed = first[packed_at : packed_at + size] if packed_at is not None else self._recv_bytes(size)
+        tensors = [self._recv_tensor(slot, packed) for slot in slots]
         if any(slot.transport == "ipc" for slot in slots):
             torch.cuda.current_stream(self.device).synchronize()
             self.gloo.send([torch.ones(1, dtype=torch.uint8)], self.peer, 0).wait()
         return _restore_tensors(skeleton, tensors)
 
-    def _recv_tensor(self, slot: _TensorSlot) -> torch.Tensor:
+    def _recv_bytes(self, size: int) -> torch.Tensor:
+        buffer = torch.empty(size, dtype=torch.uint8)
+        if size:
+            self.gloo.recv([buffer], self.peer, 0).wait()
+        return buffer
+
+    def _recv_tensor(self, slot: _TensorSlot, packed: torch.Tensor) -> torch.Tensor:
         if slot.transport == "ipc":
             rebuild, args = slot.ipc_handle
             return rebuild(*args).clone()
+        if slot.offset is not None:
+            return packed[slot.offset : slot.offset + slot.nbytes].view(slot.dtype).reshape(slot.shape)
         device = self.device if slot.transport == "nccl" else torch.device("cpu")
         tensor = torch.empty(slot.shape, dtype=slot.dtype, device=device)
         if tensor.numel() and slot.transport == "gloo":
@@ -216,6 +270,19 @@ class _PairComm:
             options._timeout = TIMEOUT
             self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", self.store), self.rank, 2, options)
         return self._nccl
+
+
+def _aligned(size: int) -> int:
+    return -(-size // _ALIGN) * _ALIGN
+
+
+def _layout(header_bytes: int, packed_bytes: int) -> tuple[int | None, int | None]:
+    """Where the header and the packed buffer start in the first message, each None where it travels on its own
+    (the header fits there or not; the packed buffer fits after it or not). Both sides compute it alike."""
+    if _LENGTH + header_bytes > FIRST_MESSAGE_BYTES:
+        return None, None
+    packed_at = _aligned(_LENGTH + header_bytes)
+    return _LENGTH, packed_at if packed_at + packed_bytes <= FIRST_MESSAGE_BYTES else None
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
