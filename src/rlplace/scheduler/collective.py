@@ -19,10 +19,10 @@ also gives every tensor's shape, dtype and transport:
 
 A gloo message between two processes that share a core costs about a scheduler tick, whatever its size, where
 processes on two cores exchange one in a fraction of a millisecond (one side busy-waits while the other needs the
-core; benchmarks/scheduler_bench.py times weight syncs both ways). So a transfer sends as few messages as it can: a first message of fixed
-size (`FIRST_MESSAGE_BYTES`) carries the header's length, then the header and the packed tensors where they fit; only
-what does not fit follows, the header, the packed buffer and each large tensor as one message each. A small payload
-(a small policy's weights) is one message.
+core; benchmarks/scheduler_bench.py times weight syncs both ways). So a transfer sends as few messages as it can: a
+first message of fixed size (`FIRST_MESSAGE_BYTES`) carries the header's length, then the header and the packed
+tensors where they fit; only what does not fit follows, the header, the packed buffer and each large tensor as one
+message each. A small payload (a small policy's weights) is one message.
 
 A broadcast sends the payload to every rank of the destination group, all at once (to a group of one rank, it is a
 point-to-point send); each of them receives it with `recv`. Transfers between two ranks must be issued in the same
@@ -192,8 +192,11 @@ class _PairComm:
         first = torch.empty(FIRST_MESSAGE_BYTES, dtype=torch.uint8)
         first[:_LENGTH].copy_(torch.tensor([len(header)], dtype=torch.int64).view(torch.uint8))
         messages = [first]
-        header_at, packed_at = _layout(len(header), size)
-        for start, data in ((header_at, torch.frombuffer(bytearray(header), dtype=torch.uint8)), (packed_at, packed)):
+        in_first = (
+            (_header_at(len(header)), torch.frombuffer(bytearray(header), dtype=torch.uint8)),
+            (_packed_at(len(header), size), packed),
+        )
+        for start, data in in_first:
             if start is not None:
                 first[start : start + data.numel()].copy_(data)
             elif data.numel():
@@ -221,10 +224,10 @@ class _PairComm:
     def recv(self) -> Payload:
         first = self._recv_bytes(FIRST_MESSAGE_BYTES)
         length = int(first[:_LENGTH].view(torch.int64).item())
-        at = _LENGTH if _LENGTH + length <= FIRST_MESSAGE_BYTES else None
+        at = _header_at(length)
         header = first[at : at + length] if at is not None else self._recv_bytes(length)
         skeleton, slots, size = pickle.loads(header.numpy().tobytes())
-        _, packed_at = _layout(length, size)
+        packed_at = _packed_at(length, size)
         packed = first[packed_at : packed_at + size] if packed_at is not None else self._recv_bytes(size)
         tensors = [self._recv_tensor(slot, packed) for slot in slots]
         if any(slot.transport == "ipc" for slot in slots):
@@ -276,13 +279,17 @@ def _aligned(size: int) -> int:
     return -(-size // _ALIGN) * _ALIGN
 
 
-def _layout(header_bytes: int, packed_bytes: int) -> tuple[int | None, int | None]:
-    """Where the header and the packed buffer start in the first message, each None where it travels on its own
-    (the header fits there or not; the packed buffer fits after it or not). Both sides compute it alike."""
-    if _LENGTH + header_bytes > FIRST_MESSAGE_BYTES:
-        return None, None
-    packed_at = _aligned(_LENGTH + header_bytes)
-    return _LENGTH, packed_at if packed_at + packed_bytes <= FIRST_MESSAGE_BYTES else None
+def _header_at(header_bytes: int) -> int | None:
+    """Where the header starts in the first message; None where it travels on its own. Both sides compute it."""
+    return _LENGTH if _LENGTH + header_bytes <= FIRST_MESSAGE_BYTES else None
+
+
+def _packed_at(header_bytes: int, packed_bytes: int) -> int | None:
+    """Where the packed buffer starts in the first message, after the header; None where it travels on its own."""
+    if _header_at(header_bytes) is None:
+        return None
+    start = _aligned(_LENGTH + header_bytes)
+    return start if start + packed_bytes <= FIRST_MESSAGE_BYTES else None
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
