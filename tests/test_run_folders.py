@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,6 +79,17 @@ def test_rlplace_train_into_a_folder_another_run_holds_exits_2_before_hydra_writ
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
+def started(command: list[str]) -> subprocess.Popen[bytes]:
+    """`command` started and past its exec: until then /proc shows the parent's command line for it, which a
+    loaded machine made last long enough for a scan to miss the process."""
+    process = subprocess.Popen(command)
+    wanted = "\0".join(command).encode()
+    deadline = time.monotonic() + 30
+    while not Path(f"/proc/{process.pid}/cmdline").read_bytes().startswith(wanted) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return process
+
+
 def fake_session(temp_dir: Path, pid: int) -> Path:
     """A Ray session folder as `ray.init` leaves it, named after the process that started it."""
     folder = temp_dir / f"session_2030-01-02_03-04-05_678901_{pid}"
@@ -86,7 +98,7 @@ def fake_session(temp_dir: Path, pid: int) -> Path:
 
 
 def test_another_live_embedded_ray_is_named_in_one_line(tmp_path: Path) -> None:
-    other_run = subprocess.Popen([*SLEEP, "rlplace-train"])
+    other_run = started([*SLEEP, "rlplace-train"])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     sessions = [
@@ -96,7 +108,7 @@ def test_another_live_embedded_ray_is_named_in_one_line(tmp_path: Path) -> None:
         fake_session(tmp_path, dead.pid),  # a SIGKILLed driver's leftover folder
     ]
     (tmp_path / "session_latest").symlink_to(sessions[0])
-    raylets = [subprocess.Popen([*SLEEP, f"--raylet_socket_name={folder}/sockets/raylet"]) for folder in sessions]
+    raylets = [started([*SLEEP, f"--raylet_socket_name={folder}/sockets/raylet"]) for folder in sessions]
     try:
         found = other_embedded_rays(tmp_path)
         assert [(s.pid, s.by_rlplace) for s in found] == [(other_run.pid, True)]
