@@ -35,7 +35,7 @@ import contextlib
 import math
 import pickle
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -63,7 +63,7 @@ PACK_BELOW = 16 << 20
 between processes that share a core (a scheduler tick)."""
 _ALIGN = 64
 """Packed tensors start at multiples of this many bytes, so that each is a view of the buffer in its own dtype."""
-_LENGTH = torch.empty(0, dtype=torch.int64).element_size()
+_LENGTH = torch.int64.itemsize
 """Bytes of the header's length at the start of the first message."""
 
 
@@ -101,7 +101,12 @@ class Transfers:
     def broadcast(self, payload: Payload, group: str) -> None:
         _, world_size = self._peer_group(group)
         comms = [self._comm(group, rank) for rank in range(world_size)]
-        plans = [comm.plan(payload) for comm in comms]  # per receiver: a GPU may be shared with some, not others
+        tensors: list[torch.Tensor] = []
+        skeleton = _strip_tensors(payload, tensors)
+        tensors = [t.detach().contiguous() for t in tensors]
+        offsets, packed = _pack(tensors)  # the CPU tensors, the same for every receiver
+        # Per receiver, how its CUDA tensors travel: a GPU may be shared with some receivers, not others.
+        plans = [comm.plan(skeleton, tensors, offsets, packed) for comm in comms]
         # Sends are asynchronous: start the transfer to every rank before waiting for any of them.
         pending = [work for comm, plan in zip(comms, plans, strict=True) for work in comm.start_send(*plan)]
         with _peer_failures(f"transfer to group {group!r}"):
@@ -169,25 +174,20 @@ class _PairComm:
         self._peer_gpu: str | None = None
         self._nccl: Any = None
 
-    def plan(self, payload: Payload) -> tuple[list[torch.Tensor], list[torch.Tensor], list[_TensorSlot]]:
-        """The messages that announce `payload` to the receiver (its first message, then the header and the packed
-        buffer where they do not fit in it), its tensors (contiguous), and how each travels."""
-        tensors: list[torch.Tensor] = []
-        skeleton = _strip_tensors(payload, tensors)
-        tensors = [t.detach().contiguous() for t in tensors]
-        slots = [_TensorSlot(i, tuple(t.shape), t.dtype, self._transport(t)) for i, t in enumerate(tensors)]
+    def plan(
+        self, skeleton: Any, tensors: list[torch.Tensor], offsets: list[int | None], packed: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[_TensorSlot]]:
+        """The messages that announce a payload (`skeleton`, its `tensors` and their packing) to the receiver: its
+        first message, then the header and the packed buffer where they do not fit in it; its tensors, and how each
+        travels."""
+        slots = [
+            _TensorSlot(i, tuple(t.shape), t.dtype, self._transport(t), offset=offset)
+            for i, (t, offset) in enumerate(zip(tensors, offsets, strict=True))
+        ]
         if any(slot.transport == "ipc" for slot in slots):
             torch.cuda.current_stream(self.device).synchronize()  # the receiver reads the memory on its own stream
             slots = [_with_ipc_handle(slot, tensors[slot.index]) for slot in slots]
-        size = 0
-        for i, slot in enumerate(slots):
-            if slot.transport == "gloo" and 0 < slot.nbytes < PACK_BELOW:
-                slots[i] = replace(slot, offset=size)
-                size += _aligned(slot.nbytes)
-        packed = torch.empty(size, dtype=torch.uint8)
-        for slot in slots:
-            if slot.offset is not None:
-                packed[slot.offset : slot.offset + slot.nbytes].copy_(_as_bytes(tensors[slot.index]))
+        size = packed.numel()
         header = pickle.dumps((skeleton, slots, size))
         first = torch.empty(FIRST_MESSAGE_BYTES, dtype=torch.uint8)
         first[:_LENGTH].copy_(torch.tensor([len(header)], dtype=torch.int64).view(torch.uint8))
@@ -277,6 +277,23 @@ class _PairComm:
 
 def _aligned(size: int) -> int:
     return -(-size // _ALIGN) * _ALIGN
+
+
+def _pack(tensors: list[torch.Tensor]) -> tuple[list[int | None], torch.Tensor]:
+    """The CPU tensors below `PACK_BELOW` bytes copied into one buffer: each tensor's offset there (None for one that
+    travels on its own) and the buffer."""
+    offsets: list[int | None] = []
+    size = 0
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        packs = not tensor.is_cuda and 0 < nbytes < PACK_BELOW
+        offsets.append(size if packs else None)
+        size += _aligned(nbytes) if packs else 0
+    packed = torch.empty(size, dtype=torch.uint8)
+    for tensor, offset in zip(tensors, offsets, strict=True):
+        if offset is not None:
+            packed[offset : offset + tensor.numel() * tensor.element_size()].copy_(_as_bytes(tensor))
+    return offsets, packed
 
 
 def _header_at(header_bytes: int) -> int | None:
