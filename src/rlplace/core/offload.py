@@ -127,7 +127,8 @@ def _move_sharded(
     moved = sum(local_part(tensor).numel() * local_part(tensor).element_size() for _, _, tensor in away)
     if not moved:
         return TransferRecord(0, time.perf_counter() - start)
-    if device.type == "cpu":
+    to_cpu = device.type == "cpu"
+    if to_cpu:
         order = itertools.count()  # `_apply` visits the same tensors in the same order at every offload
 
         def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -140,11 +141,10 @@ def _move_sharded(
         module.to(device)  # parameters, their gradients and buffers; FSDP2 re-derives its views of the shards
     for owner, name, tensor in away:
         if isinstance(owner, dict):  # optimizer state
-            on_host = device.type == "cpu"
-            owner[name] = _host_copy(host, owner, name, tensor) if on_host else tensor.to(device, non_blocking=True)
+            owner[name] = _host_copy(host, owner, name, tensor) if to_cpu else tensor.to(device, non_blocking=True)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-        if device.type == "cpu":
+        if to_cpu:
             torch.cuda.empty_cache()
     return TransferRecord(moved, time.perf_counter() - start)
 

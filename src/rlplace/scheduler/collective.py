@@ -108,11 +108,15 @@ class Transfers:
         # Per receiver, how its CUDA tensors travel: a GPU may be shared with some receivers, not others.
         plans = [comm.plan(skeleton, tensors, offsets, packed) for comm in comms]
         # Sends are asynchronous: start the transfer to every rank before waiting for any of them.
-        pending = [work for comm, plan in zip(comms, plans, strict=True) for work in comm.start_send(*plan)]
+        pending = [
+            work
+            for comm, (messages, slots) in zip(comms, plans, strict=True)
+            for work in comm.start_send(messages, tensors, slots)
+        ]
         with _peer_failures(f"transfer to group {group!r}"):
             for work in pending:
                 work.wait()
-        for comm, (_, _, slots) in zip(comms, plans, strict=True):
+        for comm, (_, slots) in zip(comms, plans, strict=True):
             comm.finish_send(slots)
 
     def _peer_group(self, name: str) -> tuple[str, int]:
@@ -176,9 +180,9 @@ class _PairComm:
 
     def plan(
         self, skeleton: Any, tensors: list[torch.Tensor], offsets: list[int | None], packed: torch.Tensor
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[_TensorSlot]]:
-        """The messages that announce a payload (`skeleton`, its `tensors` and their packing) to the receiver: its
-        first message, then the header and the packed buffer where they do not fit in it; its tensors, and how each
+    ) -> tuple[list[torch.Tensor], list[_TensorSlot]]:
+        """The messages that announce a payload (`skeleton`, its `tensors` and their packing) to the receiver (its
+        first message, then the header and the packed buffer where they do not fit in it), and how each tensor
         travels."""
         slots = [
             _TensorSlot(i, tuple(t.shape), t.dtype, self._transport(t), offset=offset)
@@ -201,7 +205,7 @@ class _PairComm:
                 first[start : start + data.numel()].copy_(data)
             elif data.numel():
                 messages.append(data)
-        return messages, tensors, slots
+        return messages, slots
 
     def start_send(
         self, messages: list[torch.Tensor], tensors: list[torch.Tensor], slots: list[_TensorSlot]
@@ -285,14 +289,13 @@ def _pack(tensors: list[torch.Tensor]) -> tuple[list[int | None], torch.Tensor]:
     offsets: list[int | None] = []
     size = 0
     for tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        packs = not tensor.is_cuda and 0 < nbytes < PACK_BELOW
+        packs = not tensor.is_cuda and 0 < tensor.nbytes < PACK_BELOW
         offsets.append(size if packs else None)
-        size += _aligned(nbytes) if packs else 0
+        size += _aligned(tensor.nbytes) if packs else 0
     packed = torch.empty(size, dtype=torch.uint8)
     for tensor, offset in zip(tensors, offsets, strict=True):
         if offset is not None:
-            packed[offset : offset + tensor.numel() * tensor.element_size()].copy_(_as_bytes(tensor))
+            packed[offset : offset + tensor.nbytes].copy_(_as_bytes(tensor))
     return offsets, packed
 
 
