@@ -159,6 +159,6 @@ def _host_copy(host: HostCopies, owner: object, name: str, tensor: torch.Tensor)
         return target
     from torch.distributed.tensor import DTensor  # imported already where a tensor is sharded
 
-    return DTensor.from_local(
-        target, tensor.device_mesh, tensor.placements, run_check=False, shape=tensor.shape, stride=tensor.stride()
-    )
+    # Wrapped as FSDP2 wraps its CPU-offloaded shards: `DTensor.from_local` would move the local part back to the
+    # mesh's device type (CUDA), which is what offloading is to avoid.
+    return DTensor(target, tensor._spec, requires_grad=False)  # noqa: SLF001 - the shard's own mesh, placements, shape
