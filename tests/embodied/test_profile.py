@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -55,6 +56,26 @@ def test_median_seconds_warms_up_then_times_the_chosen_number_of_calls() -> None
     calls.clear()
     timing.median_seconds(lambda: calls.append(1))  # a probe, then as many as fill TARGET_S (a fast call: all)
     assert len(calls) == timing.WARMUP + 1 + timing.MAX_REPEATS
+
+
+def test_sizes_are_timed_in_turns_after_every_warm_up() -> None:
+    calls: list[str] = []
+    medians = timing.interleaved_medians([lambda: calls.append("a"), lambda: calls.append("b")], repeats=3)
+    assert len(medians) == 2 and all(m > 0 for m in medians)
+    assert "".join(calls) == "a" * timing.WARMUP + "b" * timing.WARMUP + "ab" * 3
+    calls.clear()
+    slow = [0.0]
+
+    def unit() -> None:
+        calls.append("u")
+        time.sleep(slow[0])
+
+    def fast() -> None:
+        calls.append("f")
+
+    slow[0] = 0.05  # the probe after warm-up picks 4 timed calls for the unit; the fast call gets the maximum
+    timing.interleaved_medians([unit, fast], warmup=0)
+    assert "".join(calls) == "uf" + "uf" * 4 + "f" * (timing.MAX_REPEATS - 4)
 
 
 class Done:

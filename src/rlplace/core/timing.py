@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -40,11 +40,27 @@ def repeats_for(seconds: float) -> int:
 def median_seconds(call: Callable[[], object], repeats: int | None = None, warmup: int = WARMUP) -> float:
     """Median seconds of `call` over `repeats` timed calls after `warmup` untimed ones; `repeats` None: one more
     timed call decides (`repeats_for`). `call` must finish its work before it returns (synchronise a GPU)."""
-    for _ in range(warmup):
-        call()
-    if repeats is None:
-        repeats = repeats_for(seconds_of(call))
-    return statistics.median(seconds_of(call) for _ in range(repeats))
+    return interleaved_medians([call], repeats, warmup)[0]
+
+
+def interleaved_medians(
+    calls: Sequence[Callable[[], object]], repeats: int | None = None, warmup: int = WARMUP
+) -> list[float]:
+    """`median_seconds` of each of `calls` (one unit at several sizes), timed in rounds that take one call of each
+    in turn, after every call's warm-up: a stretch in which the machine runs slow (another tenant of a shared host,
+    a clock change) then lands on all sizes alike, and each median leaves it out. Timed one size after another, such
+    a stretch shifts the size timed during it alone and bends the curve that the planner reads between sizes. A call
+    fast enough to need more timed calls than the others (`repeats` None) goes on alone after their last round."""
+    for call in calls:
+        for _ in range(warmup):
+            call()
+    counts = [repeats if repeats is not None else repeats_for(seconds_of(call)) for call in calls]
+    samples: list[list[float]] = [[] for _ in calls]
+    for round_ in range(max(counts, default=0)):
+        for call, count, found in zip(calls, counts, samples, strict=True):
+            if round_ < count:
+                found.append(seconds_of(call))
+    return [statistics.median(found) for found in samples]
 
 
 def sizes_up_to(last: int, first: int = 1) -> list[int]:

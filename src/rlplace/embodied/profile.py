@@ -5,7 +5,7 @@ component's unit of work costs: one env step of n sub-envs, one inference on n o
 n samples, one gradient averaging over the actor ranks. Timed inside the step loop, these costs are mixed with
 waiting and with whatever else shares the devices, so after the last step (and its checkpoint, which nothing here
 touches) the runner asks one component at a time, on its rank 0 alone, to time its unit at several sizes while every
-other process idles, each with `core.timing.median_seconds`.
+other process idles, its sizes in turns (`core.timing.interleaved_medians`).
 
 profile.json: {"family", "env_id", "device_type", "devices": {device: [cpu cores]} (empty lists on gpu clusters),
 "node_cores": {node: [cpu cores]}, "placement": ComponentPlacement.to_dict(), "config": {the fields that size the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from rlplace.core.gradients import average_grads
 from rlplace.core.offload import HostCopies, move
 from rlplace.core.pending import load_pending, save_pending
 from rlplace.core.rng import rng_states, set_rng_states
-from rlplace.core.timing import WARMUP, median_seconds, repeats_for, seconds_of
+from rlplace.core.timing import WARMUP, interleaved_medians, median_seconds, repeats_for, seconds_of
 from rlplace.core.weights import broadcast_weights
 from rlplace.embodied.advantages import compute_advantages
 from rlplace.embodied.algorithms import ALGORITHMS
@@ -135,22 +136,19 @@ class ActorWorker(Worker):
     def profile_update(self, sizes: list[int], repeats: int | None = None) -> list[float]:
         """For each n of `sizes`, the median seconds of one minibatch step of the update (`minibatch_step`: loss,
         backward, optimizer step; no gradient averaging, which `profile_average` times) on n synthetic samples: the
-        actor's unit of work, for the run's profile (`rlplace.embodied.profile`; `repeats` None picks the count).
+        actor's unit of work, for the run's profile (`rlplace.embodied.profile`; `repeats` None picks the count),
+        the sizes timed in turns (`interleaved_medians`).
 
         It steps deep copies of the model and optimizer and draws from its own generator, so the trained weights,
         the optimizer state and the RNGs stay as the run left them."""
         model, optimizer = copy.deepcopy((self.model, self.optimizer))  # one copy: the optimizer steps the copy's
         generator = torch.Generator().manual_seed(self.cfg.runner.seed)
-        return [self._time_update(model, optimizer, n, generator, repeats) for n in sizes]
+        return interleaved_medians([self._update_step(model, optimizer, n, generator) for n in sizes], repeats)
 
-    def _time_update(
-        self,
-        model: MLPActorCritic,
-        optimizer: torch.optim.Optimizer,
-        n: int,
-        generator: torch.Generator,
-        repeats: int | None,
-    ) -> float:
+    def _update_step(
+        self, model: MLPActorCritic, optimizer: torch.optim.Optimizer, n: int, generator: torch.Generator
+    ) -> Callable[[], None]:
+        """One minibatch step on n synthetic samples, as a call to time."""
         spec = env_spec(self.cfg.task.env_id)
         obs = torch.randn(n, spec.obs_dim, generator=generator)
         if spec.action.discrete:
@@ -169,7 +167,7 @@ class ActorWorker(Worker):
             minibatch_step(model, optimizer, batch, mb, batch["logprobs"], weights, self.cfg.algorithm)
             self._synchronize()
 
-        return median_seconds(step, repeats)
+        return step
 
     def profile_average(self, repeats: int | None = None) -> dict[str, float]:
         """The median seconds of one gradient averaging over the actor ranks, and the gradients' bytes (which pick

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlplace.core.timing import median_seconds
+from rlplace.core.timing import interleaved_medians
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import ActionSpec, EnvSlice, EpisodeStats, SubEnvState, env_spec, merge_episode_stats
 from rlplace.embodied.streams import all_streams
@@ -96,19 +96,22 @@ class EnvWorker(Worker):
         unit of work, for the run's profile (`rlplace.embodied.profile`; `repeats` None picks the count).
 
         Each n gets a fresh slice, reset and stepped twice before timing, then thrown away: the run's own simulators
-        and their episodes are untouched."""
+        and their episodes are untouched. The sizes are timed in turns (`interleaved_medians`)."""
         spec = env_spec(self.cfg.task.env_id, **self.env_kwargs).action
         rng = np.random.default_rng(self.cfg.runner.seed)
-        seconds = []
-        for n in sizes:
-            env = EnvSlice(self.cfg.task.env_id, 0, n, self.cfg.runner.seed, **self.env_kwargs)
-            try:
+        envs: list[EnvSlice] = []
+        try:
+            steps = []
+            for n in sizes:
+                env = EnvSlice(self.cfg.task.env_id, 0, n, self.cfg.runner.seed, **self.env_kwargs)
+                envs.append(env)
                 env.reset()
                 actions = itertools.cycle([_random_actions(spec, n, rng) for _ in range(PROFILE_ACTIONS)])
-                seconds.append(median_seconds(lambda env=env, actions=actions: env.step(next(actions)), repeats))
-            finally:
+                steps.append(lambda env=env, actions=actions: env.step(next(actions)))
+            return interleaved_medians(steps, repeats)
+        finally:
+            for env in envs:
                 env.close()
-        return seconds
 
     @timer("offload")
     def offload(self) -> int:

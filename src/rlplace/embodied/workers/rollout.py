@@ -14,7 +14,7 @@ from torch import Tensor
 
 from rlplace.core.offload import HostCopies, move
 from rlplace.core.rng import uniform_noise
-from rlplace.core.timing import median_seconds
+from rlplace.core.timing import interleaved_medians
 from rlplace.core.weights import StaleWeightsError, receive_weights
 from rlplace.embodied.config import EmbodiedConfig
 from rlplace.embodied.envs import env_spec
@@ -109,14 +109,14 @@ class RolloutWorker(Worker):
     def profile_infer(self, sizes: list[int], repeats: int | None = None) -> list[float]:
         """For each n of `sizes`, the median seconds of one stream's inference (`_act`) on n random observations:
         the rollout's unit of work, for the run's profile (`rlplace.embodied.profile`; `repeats` None picks the
-        count). Inference changes nothing the run keeps."""
+        count), the sizes timed in turns (`interleaved_medians`). Inference changes nothing the run keeps."""
         generator = torch.Generator().manual_seed(self.cfg.runner.seed)
-        seconds = []
+        calls = []
         for n in sizes:
             obs, env_indices = torch.randn(n, self.obs_dim, generator=generator), torch.arange(n)
             counters = itertools.count()  # a new env-step counter each call, as in generation: new noise
-            seconds.append(median_seconds(lambda o=obs, i=env_indices, c=counters: self._act(o, i, next(c)), repeats))
-        return seconds
+            calls.append(lambda o=obs, i=env_indices, c=counters: self._act(o, i, next(c)))
+        return interleaved_medians(calls, repeats)
 
     @timer("offload")
     def offload(self) -> int:
