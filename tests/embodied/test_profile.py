@@ -58,23 +58,21 @@ def test_median_seconds_warms_up_then_times_the_chosen_number_of_calls() -> None
     assert len(calls) == timing.WARMUP + 1 + timing.MAX_REPEATS
 
 
-def test_sizes_are_timed_in_turns_after_every_warm_up() -> None:
+def test_sizes_are_timed_in_turns_after_every_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     medians = timing.interleaved_medians([lambda: calls.append("a"), lambda: calls.append("b")], repeats=3)
     assert len(medians) == 2 and all(m > 0 for m in medians)
     assert "".join(calls) == "a" * timing.WARMUP + "b" * timing.WARMUP + "ab" * 3
     calls.clear()
-    slow = [0.0]
 
     def unit() -> None:
         calls.append("u")
-        time.sleep(slow[0])
+        time.sleep(0.02)
 
-    def fast() -> None:
-        calls.append("f")
-
-    slow[0] = 0.05  # the probe after warm-up picks 4 timed calls for the unit; the fast call gets the maximum
-    timing.interleaved_medians([unit, fast], warmup=0)
+    # Each call's count from its probe: the slow unit gets 4 timed calls, the fast one the most; the unit's four
+    # take turns with the fast one's first four, which goes on alone after them.
+    monkeypatch.setattr(timing, "repeats_for", lambda seconds: 4 if seconds >= 0.02 else timing.MAX_REPEATS)
+    timing.interleaved_medians([unit, lambda: calls.append("f")], warmup=0)
     assert "".join(calls) == "uf" + "uf" * 4 + "f" * (timing.MAX_REPEATS - 4)
 
 
