@@ -46,11 +46,12 @@ def median_seconds(call: Callable[[], object], repeats: int | None = None, warmu
 def interleaved_medians(
     calls: Sequence[Callable[[], object]], repeats: int | None = None, warmup: int = WARMUP
 ) -> list[float]:
-    """`median_seconds` of each of `calls` (one unit at several sizes), timed in rounds that take one call of each
-    in turn, after every call's warm-up: a stretch in which the machine runs slow (another tenant of a shared host,
-    a clock change) then lands on all sizes alike, and each median leaves it out. Timed one size after another, such
-    a stretch shifts the size timed during it alone and bends the curve that the planner reads between sizes. A call
-    fast enough to need more timed calls than the others (`repeats` None) goes on alone after their last round."""
+    """Median seconds of each of `calls` (one unit at several sizes; `repeats` and `warmup` as for
+    `median_seconds`), timed in rounds that take one call of each in turn, after every call's warm-up: a stretch in
+    which the machine runs slow (another tenant of a shared host, a clock change) then lands on all sizes alike, and
+    each median leaves it out. Timed one size after another, such a stretch shifts the size timed during it alone
+    and bends the curve that the planner reads between sizes. A call fast enough to need more timed calls than the
+    others (`repeats` None) goes on alone after their last round."""
     for call in calls:
         for _ in range(warmup):
             call()
