@@ -55,7 +55,14 @@ class Host:
         self, worker_cls: type[Worker], env: dict[str, str] | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[str, int]:
         """Set up this process as a rank (`env`: its environment; None when the process started with it), then build
-        the worker; returns the rank's (host, process id)."""
+        the worker; returns the rank's (host, process id).
+
+        What the process holds by now lives as long as it does: the modules that unpickling `worker_cls` imported
+        (torch, model libraries: hundreds of thousands of objects) and nothing of an earlier worker, which `retire`
+        collected. It is frozen out of the cyclic garbage collector, whose full collections, the worker's own and
+        `retire`'s, would otherwise walk all of it again each time (`gc.freeze`; reference counting still frees what
+        is dropped)."""
+        gc.freeze()
         worker = worker_cls.__new__(worker_cls)
         worker._start_rank(env)
         self._take_name(worker)
