@@ -49,6 +49,14 @@ class Probe(Worker):
         threads = [sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")]
         return threads, torch.get_num_threads()
 
+    def garbage_collection(self) -> tuple[bool, bool, bool]:
+        """Whether the cyclic garbage collector is on; whether it still walks this module's globals (imported
+        before the worker was built); whether it walks this worker's own state (made after)."""
+        import gc
+
+        walked = {id(obj) for obj in gc.get_objects()}
+        return gc.isenabled(), id(globals()) in walked, id(self) in walked
+
     def identity(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
@@ -128,6 +136,10 @@ def test_each_rank_gets_its_environment(probe: WorkerGroup) -> None:
     assert [env["RLPLACE_LOCAL_DEVICES"] for env in envs] == ["0", "1", "0,1"]
     assert {env["CUDA_VISIBLE_DEVICES"] for env in envs} == {""}  # logical cpu devices are no CUDA devices
     assert [env["OMP_NUM_THREADS"] for env in envs] == ["1", "1", "2"]
+
+
+def test_what_a_process_imported_before_its_worker_is_frozen_out_of_garbage_collection(probe: WorkerGroup) -> None:
+    assert probe.garbage_collection().wait() == [(True, False, True)] * 3
 
 
 def test_each_rank_is_pinned_to_its_devices_cores(cluster: Cluster, probe: WorkerGroup) -> None:

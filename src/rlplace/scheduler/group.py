@@ -23,7 +23,7 @@ from rlplace.placement.placement import Placement
 from rlplace.placement.strategies import PlacementStrategy
 from rlplace.scheduler.context import WorkerContext, worker_env
 from rlplace.scheduler.future import GroupFuture, wait_all
-from rlplace.scheduler.hosts import HostProcess, stop
+from rlplace.scheduler.hosts import HostProcess, pickle_worker_class, stop
 from rlplace.scheduler.transport import CallTransport, RayCalls
 
 if TYPE_CHECKING:
@@ -109,9 +109,10 @@ class WorkerGroupSpec:
         ]
         envs = [worker_env(context, master_addr, master_port) for context in contexts]
         hosts = cluster.hosts(placements, envs, self.worker_cls.__name__)
+        worker_cls = pickle_worker_class(self.worker_cls)
         # A process that started with its rank's environment (on a node with GPUs, `Cluster.hosts`) is not given it.
         ready = [
-            host.actor.become.remote(self.worker_cls, None if cluster.has_gpus else env, self.args, self.kwargs)
+            host.actor.become.remote(worker_cls, None if cluster.has_gpus else env, self.args, self.kwargs)
             for host, env in zip(hosts, envs, strict=True)
         ]
         group = WorkerGroup(name, self.worker_cls, placements, hosts, methods, cluster.call_timeout_s)

@@ -52,17 +52,22 @@ class Host:
         self.worker: Worker | None = None
 
     def become(
-        self, worker_cls: type[Worker], env: dict[str, str] | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, pickled_cls: bytes, env: dict[str, str] | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[str, int]:
         """Set up this process as a rank (`env`: its environment; None when the process started with it), then build
-        the worker; returns the rank's (host, process id).
+        the worker of class `pickled_cls` (`pickle_worker_class`); returns the rank's (host, process id).
 
-        What the process holds by now lives as long as it does: the modules that unpickling `worker_cls` imported
-        (torch, model libraries: hundreds of thousands of objects) and nothing of an earlier worker, which `retire`
-        collected. It is frozen out of the cyclic garbage collector, whose full collections, the worker's own and
-        `retire`'s, would otherwise walk all of it again each time (`gc.freeze`; reference counting still frees what
-        is dropped)."""
-        gc.freeze()
+        Unpickling the class imports its module, and with it torch and the model libraries (hundreds of thousands of
+        objects), which live as long as the process, as does nothing of an earlier worker (`retire` collected it).
+        The cyclic garbage collector is off while they import, whose collections would walk them again and again as
+        they grow, and they are then frozen out of it (`gc.freeze`), so that neither the worker's own collections
+        nor `retire`'s walk them either; reference counting still frees whatever is dropped."""
+        gc.disable()
+        try:
+            worker_cls: type[Worker] = ray.cloudpickle.loads(pickled_cls)
+        finally:
+            gc.freeze()
+            gc.enable()
         worker = worker_cls.__new__(worker_cls)
         worker._start_rank(env)
         self._take_name(worker)
@@ -91,6 +96,12 @@ class Host:
         name = f"{ACTOR_NAME_TOKEN}{type(worker).__name__} {worker.group_name}/{worker.rank}"
         for stream in (sys.stdout, sys.stderr):
             print(name, file=stream, flush=True)
+
+
+def pickle_worker_class(worker_cls: type[Worker]) -> bytes:
+    """`worker_cls` as `Host.become` takes it: pickled here, so that the host, not Ray, unpickles it (imports its
+    module) when it chooses."""
+    return ray.cloudpickle.dumps(worker_cls)
 
 
 @functools.cache
