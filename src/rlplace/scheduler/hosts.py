@@ -57,11 +57,11 @@ class Host:
         """Set up this process as a rank (`env`: its environment; None when the process started with it), then build
         the worker of class `pickled_cls` (`pickle_worker_class`); returns the rank's (host, process id).
 
-        Unpickling the class imports its module, and with it torch and the model libraries (hundreds of thousands of
-        objects), which live as long as the process, as does nothing of an earlier worker (`retire` collected it).
-        The cyclic garbage collector is off while they import, whose collections would walk them again and again as
-        they grow, and they are then frozen out of it (`gc.freeze`), so that neither the worker's own collections
-        nor `retire`'s walk them either; reference counting still frees whatever is dropped."""
+        Unpickling the class imports its module, and with it torch and the model libraries: hundreds of thousands of
+        objects that live as long as the process (of an earlier worker nothing is left: `retire` collected it). The
+        cyclic garbage collector is off while they import, as its collections would walk them again and again as
+        they grow, and then they are frozen out of it (`gc.freeze`), so that neither the worker's own collections nor
+        `retire`'s walk them either; reference counting still frees whatever is dropped."""
         gc.disable()
         try:
             worker_cls: type[Worker] = ray.cloudpickle.loads(pickled_cls)
