@@ -3,6 +3,7 @@ groups, whose calls go through the mailboxes, answering as Ray calls do, with th
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -52,8 +53,6 @@ class Probe(Worker):
     def garbage_collection(self) -> tuple[bool, bool, bool]:
         """Whether the cyclic garbage collector is on; whether it still walks this module's globals (imported
         before the worker was built); whether it walks this worker's own state (made after)."""
-        import gc
-
         walked = {id(obj) for obj in gc.get_objects()}
         return gc.isenabled(), id(globals()) in walked, id(self) in walked
 
