@@ -1,4 +1,5 @@
-"""Shared fixtures: compose configs the way `rlplace-train` does, without starting anything."""
+"""Shared fixtures: compose configs the way `rlplace-train` does, without starting anything; the embedded Ray that
+the modules of one pytest process share."""
 
 from __future__ import annotations
 
@@ -33,17 +34,46 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+class SessionRay:
+    """This pytest process's embedded Ray (2 logical cpu devices), started by the first module that needs one and
+    kept for the modules after it: a start costs seconds and a set of Ray's own processes, and a run takes over the
+    devices and worker processes that the run before it parked (`scheduler/parking.py`), also across modules. A
+    module that needs no Ray in this process stops it (`no_ray`); the next one that needs it starts it again."""
+
+    def __init__(self) -> None:
+        self._owner: Cluster | None = None
+
+    def start(self) -> None:
+        """Start it unless this process is connected to a Ray, this one or another (which is then joined)."""
+        if not ray.is_initialized():
+            self._owner = Cluster(ClusterConfig())
+
+    def stop(self) -> None:
+        if self._owner is not None:
+            self._owner.shutdown()
+            self._owner = None
+
+
+@pytest.fixture(scope="session")
+def session_ray() -> Iterator[SessionRay]:
+    shared = SessionRay()
+    yield shared
+    shared.stop()
+
+
 @pytest.fixture(scope="module")
-def shared_ray() -> Iterator[None]:
-    """One embedded Ray for a module's in-process runs (`rlplace.train.train`): each run's Cluster joins it instead
-    of starting and stopping its own, which costs seconds, and takes over the devices and worker processes that the
-    run before it left (`scheduler/parking.py`) where it has the same devices. A Ray this process is already
-    connected to is joined and left running."""
-    if ray.is_initialized():
-        yield
-        return
-    with Cluster(ClusterConfig()):
-        yield
+def shared_ray(session_ray: SessionRay) -> None:
+    """The embedded Ray for a module's in-process runs (`rlplace.train.train`): each run's Cluster joins it instead
+    of starting and stopping its own."""
+    session_ray.start()
+
+
+@pytest.fixture(scope="module")
+def no_ray(session_ray: SessionRay) -> None:
+    """No Ray connection in this process, for a module whose tests start or attach to their own, or check that a
+    refusal comes before anything starts."""
+    session_ray.stop()
+    assert not ray.is_initialized()
 
 
 @pytest.fixture

@@ -29,6 +29,8 @@ from tests.ray_temp import RAY_TEMP
 from tests.test_report import CASES as BROKEN_SWEEPS
 from tests.test_report import broken_sweeps
 
+pytestmark = pytest.mark.usefixtures("no_ray")  # "no Ray started" means none in this process at all
+
 ENTRY_POINTS: dict[str, Callable[[], None]] = {
     "rlplace-train": train.main,
     "rlplace-plan": plan.main,

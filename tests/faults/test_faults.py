@@ -107,7 +107,7 @@ def _checkpoint(root: Path) -> Path:
     return checkpoint.commit(tmp)
 
 
-def test_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_path: Path) -> None:
+def test_a_damaged_checkpoint_is_refused_before_anything_starts(no_ray: None, tmp_path: Path) -> None:
     folder = _checkpoint(tmp_path / "old" / checkpoint.FOLDER)
     with (folder / "actor.pt").open("r+b") as file:
         file.truncate(10)
@@ -116,7 +116,9 @@ def test_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_path: Path) 
     assert not ray.is_initialized()
 
 
-def test_resume_auto_with_nothing_to_resume_is_refused_unless_asked_to_start_fresh(tmp_path: Path) -> None:
+def test_resume_auto_with_nothing_to_resume_is_refused_unless_asked_to_start_fresh(
+    no_ray: None, tmp_path: Path
+) -> None:
     with pytest.raises(ConfigError, match="runner.resume = 'auto': no checkpoint under"):
         train(resolve(compose_run([*TINY, "runner.resume=auto"])), tmp_path, {})
     assert not ray.is_initialized()
