@@ -206,6 +206,12 @@ CHAT = {
     "answer": "5",
     "level": 1,
 }
+VERL = {  # a record of verl's preprocessed GSM8K files: the turns under "prompt", the answer nested
+    "data_source": "openai/gsm8k",
+    "prompt": [{"role": "user", "content": "What is 48+24? Output the final answer after \"####\"."}],
+    "reward_model": {"style": "rule", "ground_truth": "72"},
+    "extra_info": {"split": "train", "index": 0},
+}
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet"])
@@ -231,6 +237,11 @@ def test_gsm8k_and_chat_records_load_with_their_keys(tmp_path: Path, suffix: str
     problems = {p.prompt: p for p in task.eval_set() + task.train_batch(0, 1)}
     assert problems["What is 2+3?"].messages == tuple(CHAT["messages"]) and problems["What is 2+3?"].answer == "5"
     assert problems["What is 2+3?"].extra == {"level": 1}
+    verl = [VERL, {**VERL, "prompt": [{"role": "user", "content": "What is 1+1?"}]}]
+    keys = {"messages_key": "prompt", "answer_key": "reward_model.ground_truth"}
+    task = dataset_task(write("verl", verl), None, seed=0, eval_size=1, **keys)
+    (problem,) = [p for p in task.eval_set() + task.train_batch(0, 1) if p.messages == tuple(VERL["prompt"])]
+    assert problem.answer == "72" and set(problem.extra) == {"data_source", "reward_model", "extra_info"}
 
 
 def test_a_record_without_the_named_key_is_refused_naming_it(tmp_path: Path) -> None:
@@ -243,6 +254,14 @@ def test_a_record_without_the_named_key_is_refused_naming_it(tmp_path: Path) -> 
     chat = _write(tmp_path / "chat.jsonl", [json.dumps({**CHAT, "messages": [{"role": "assistant", "content": "5"}]})])
     with pytest.raises(ValueError, match=re.escape(f'task.train_path: {chat}:1: "messages" must be a list of')):
         dataset_task(chat, None, seed=0, eval_size=1, messages_key="messages")
+    verl = _write(tmp_path / "verl.jsonl", [json.dumps(VERL)] * 3)
+    for answer_key, why in [
+        ("reward_model.truth", '; the "reward_model" has: ground_truth, style'),
+        ("data_source.truth", ': "data_source" is a str, not a record'),
+        ("solution.truth", "; the record has: data_source, extra_info, prompt, reward_model"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f'{verl}:1: no "{answer_key}" (task.answer_key){why}')):
+            dataset_task(verl, None, seed=0, eval_size=1, messages_key="prompt", answer_key=answer_key)
 
 
 def test_eval_fraction_holds_out_a_share_and_is_refused_when_it_leaves_nothing(tmp_path: Path) -> None:

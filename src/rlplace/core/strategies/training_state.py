@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -27,13 +28,14 @@ def _state(parts: Trained) -> dict[str, dict]:
 
 
 def save_training_state(folder: Path, parts: Trained) -> None:
-    """Write every model and optimizer of `parts` into `folder`; every rank calls it."""
-    dcp.save(_state(parts), checkpoint_id=folder)
+    """Write every model and optimizer of `parts` into `folder`; every rank calls it. A single rank has no process
+    group: it says so (`no_dist`), which is what DCP would assume, with a warning on every save."""
+    dcp.save(_state(parts), checkpoint_id=folder, no_dist=not dist.is_initialized())
 
 
 def load_training_state(folder: Path, parts: Trained) -> None:
     """Read what `save_training_state` wrote, under this process's strategy and rank count, into `parts`."""
     state = _state(parts)
-    dcp.load(state, checkpoint_id=folder)
+    dcp.load(state, checkpoint_id=folder, no_dist=not dist.is_initialized())
     for name, (model, optimizer) in parts.items():
         set_state_dict(model, optimizer, model_state_dict=state[name], optim_state_dict=state[f"{name}_optimizer"])

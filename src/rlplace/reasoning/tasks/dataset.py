@@ -3,7 +3,9 @@
 Records map to problems through named keys: `task.prompt_key` (the question; `question` for GSM8K) or, for chat
 records, `task.messages_key` (a list of `{"role", "content"}` turns ending with the user's), and `task.answer_key`
 (the reference answer as written: a GSM8K answer keeps its worked solution and `#### 72` line, which the `gsm8k`
-reward reads). Every other field of a record travels with the problem (`Problem.extra`) to the reward function.
+reward reads). A dotted key that is not a key of the record names a nested field: verl's preprocessed files keep the
+chat turns under `prompt` and the answer under `reward_model.ground_truth`. Every other field of a record travels
+with the problem (`Problem.extra`) to the reward function.
 
 JSON Lines files are read line by line, so that an error names its line; JSON and Parquet files by `datasets`.
 The driver reads and checks the files before Ray starts (`checks.check_reasoning` builds the prompt source): a file
@@ -44,9 +46,10 @@ class DatasetTaskConfig(ReasoningTaskConfig):
     eval_fraction: float | None = None
     """With no eval_path: the share of train_path records held out (overrides eval_size)."""
     prompt_key: str = "prompt"
-    """The record's question (`question` for GSM8K)."""
+    """The record's question (`question` for GSM8K); a dotted key names a nested field, as answer_key's may."""
     answer_key: str = "answer"
-    """The record's reference answer, passed as written to the reward."""
+    """The record's reference answer, passed as written to the reward (`reward_model.ground_truth` in verl's files:
+    the field `ground_truth` of the record's `reward_model`)."""
     messages_key: str | None = None
     """Chat records: the key of the turns (`[{"role": ..., "content": ...}, ...]`, the last one the user's); the
     prompt key is then not read."""
@@ -188,10 +191,20 @@ def _problem(record: Mapping[str, Any], where: str, cfg: DatasetTaskConfig) -> P
 
 
 def _field(record: Mapping[str, Any], name: str, key: str, where: str) -> Any:
-    if record.get(name) is None:
-        present = sorted(k for k, v in record.items() if v is not None)
-        raise ConfigError(f'{where}: no "{name}" ({key}); the record has: {", ".join(present) or "nothing"}')
-    return record[name]
+    """`record[name]`; for a dotted name that is not a key of the record, the nested field it names."""
+    path = [name] if name in record else name.split(".")
+    holder: Mapping[str, Any] = record
+    for depth, part in enumerate(path):
+        value = holder.get(part)
+        if value is None:
+            present = sorted(k for k, v in holder.items() if v is not None)
+            within = f'"{".".join(path[:depth])}"' if depth else "record"
+            raise ConfigError(f'{where}: no "{name}" ({key}); the {within} has: {", ".join(present) or "nothing"}')
+        if depth + 1 < len(path) and not isinstance(value, Mapping):
+            prefix = ".".join(path[: depth + 1])
+            raise ConfigError(f'{where}: no "{name}" ({key}): "{prefix}" is a {type(value).__name__}, not a record')
+        holder = value
+    return value
 
 
 def _text(value: Any, name: str, where: str) -> str:
