@@ -208,7 +208,7 @@ CHAT = {
 }
 VERL = {  # a record of verl's preprocessed GSM8K files: the turns under "prompt", the answer nested
     "data_source": "openai/gsm8k",
-    "prompt": [{"role": "user", "content": "What is 48+24? Output the final answer after \"####\"."}],
+    "prompt": [{"role": "user", "content": 'What is 48+24? Output the final answer after "####".'}],
     "reward_model": {"style": "rule", "ground_truth": "72"},
     "extra_info": {"split": "train", "index": 0},
 }
