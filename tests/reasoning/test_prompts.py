@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rlplace.core.errors import ConfigError
 from rlplace.reasoning.rewards import exact_match
 from rlplace.reasoning.tasks.arithmetic import ArithmeticTaskConfig
 from rlplace.reasoning.tasks.dataset import DatasetTask, DatasetTaskConfig
@@ -294,3 +295,30 @@ def test_prompts_render_with_the_chat_template_when_the_tokenizer_has_one() -> N
         ValueError, match="task.apply_chat_template = true is invalid: the model's tokenizer has no chat"
     ):
         encode_prompts(tokenizer, [plain], arithmetic)
+
+
+def test_prompts_too_long_for_the_model_are_refused_before_any_worker_starts(tmp_path: Path, model_path: Path) -> None:
+    """The tiny LM's context is 128 tokens: a 121-token prompt leaves no room for 8 new ones, wherever it is."""
+    from rlplace.cli import compose_run
+    from rlplace.families import resolve
+    from rlplace.reasoning.launch import check_prompts_fit
+
+    long = json.dumps({"prompt": "1+" * 59 + "1=", "answer": "60"})  # 120 characters, 121 tokens with <bos>
+
+    def check(train: list[str], *overrides: str) -> None:
+        path = _write(tmp_path / "train.jsonl", train)
+        data = ["experiment=arithmetic_grpo", "task=dataset", f"task.train_path={path}", f"model.path={model_path}"]
+        plan = resolve(compose_run([*data, "task.eval_size=2", *overrides]))
+        check_prompts_fit(plan.cfg, model_path)
+
+    check([*_records(6), long], "rollout.max_new_tokens=7")  # 121 + 7 = 128 fits
+    message = (
+        f"task.train_path = '{tmp_path / 'train.jsonl'}' is invalid with model.path = '{model_path}': 1 of its 5 "
+        "train prompts does not fit the model's context of 128 tokens with rollout.max_new_tokens = 8 after them; "
+        "the longest has 121 tokens ('1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+'): shorten or drop such records"
+    )
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        check([*_records(6), long], "task.data_seed=1")  # the long record in training, not held out
+    evals = _write(tmp_path / "eval.jsonl", [long, long, *_records(2)])
+    with pytest.raises(ConfigError, match=re.escape(f"task.eval_path = '{evals}' is invalid with model.path")):
+        check(_records(6), f"task.eval_path={evals}")

@@ -9,13 +9,18 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from transformers import AutoConfig
+
 from rlplace.core import checkpoint
 from rlplace.core.launcher import RunContext
 from rlplace.placement import HybridComponentPlacement
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.generation.backends import BACKENDS
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.pretrain import pretrained_model_path
 from rlplace.reasoning.runner import ReasoningRunner
+from rlplace.reasoning.tasks import make_prompt_source
+from rlplace.reasoning.tasks.prompts import check_prompt_lengths
 from rlplace.reasoning.workers import InferenceWorker, LLMActorWorker, LLMRolloutWorker, RewardWorker
 from rlplace.scheduler import Cluster, StartingGroup, wait_started
 
@@ -55,6 +60,7 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
     up: other groups loading their models on the same device would change what it measures.
     """
     model_path = pretrained_model_path(cfg)
+    check_prompts_fit(cfg, model_path)
     placement = HybridComponentPlacement(cfg, cluster)
 
     def start_group(worker: type, name: str, *args: object) -> StartingGroup:
@@ -71,6 +77,15 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
     return StartingRun(
         model_path, placement, actor, inference, reward, rollout, cluster.cores_by_device(), cluster.cores_by_node()
     )
+
+
+def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> None:
+    """Refuse, before any worker starts, prompts too long for the model's context (`max_position_embeddings`, the
+    engines' limit) with rollout.max_new_tokens on top (`check_prompt_lengths`)."""
+    context = AutoConfig.from_pretrained(model_path).max_position_embeddings
+    tokenizer = load_tokenizer(model_path)
+    source = make_prompt_source(cfg.task)
+    check_prompt_lengths(cfg.task, source, tokenizer, context, cfg.rollout.max_new_tokens, str(model_path))
 
 
 def runner(cfg: ReasoningConfig, starting: StartingRun, context: RunContext) -> ReasoningRunner:

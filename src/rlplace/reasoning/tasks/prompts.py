@@ -94,3 +94,31 @@ def encode_prompts(tokenizer: Any, problems: Sequence[Problem], task: ReasoningT
         text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
         ids.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return ids
+
+
+def check_prompt_lengths(
+    task: ReasoningTaskConfig, source: PromptSource, tokenizer: Any, context: int, max_new_tokens: int, model: str
+) -> None:
+    """Refuse a task with prompts that, as the model is asked them (`encode_prompts`), leave no room for
+    `max_new_tokens` in the model's `context`: the generation engines refuse such a batch (`check_lengths`), which
+    would stop the run in a worker, mid-run. Checked: the held-out set, and every training problem of a source that
+    holds a known number of them (`num_train`: a data file's records); a source that makes its problems on the fly
+    (arithmetic) draws its held-out set from the same distribution as its training batches."""
+    sets = [("eval", source.eval_set())]
+    if isinstance(getattr(source, "num_train", None), int):
+        sets.append(("train", source.train_batch(0, source.num_train)))  # epoch 0: each training problem once
+    for split, problems in sets:
+        lengths = [len(ids) for ids in encode_prompts(tokenizer, problems, task)]
+        over = [i for i, n in enumerate(lengths) if n + max_new_tokens > context]
+        if not over:
+            continue
+        longest = max(over, key=lengths.__getitem__)
+        key = "task.eval_path" if split == "eval" and getattr(task, "eval_path", None) else "task.train_path"
+        if getattr(task, key.removeprefix("task."), None) is None:
+            key = "task.name"
+        raise ConfigError(
+            f"{key} = {getattr(task, key.removeprefix('task.'))!r} is invalid with model.path = {model!r}: "
+            f"{len(over)} of its {len(problems)} {split} prompts {'does' if len(over) == 1 else 'do'} not fit the "
+            f"model's context of {context} tokens with rollout.max_new_tokens = {max_new_tokens} after them; the "
+            f"longest has {lengths[longest]} tokens ({problems[longest].prompt[:40]!r}): shorten or drop such records"
+        )
