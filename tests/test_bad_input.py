@@ -23,6 +23,7 @@ from hydra.core.global_hydra import GlobalHydra
 from rlplace import plan, train
 from rlplace.cli import pretrain_main
 from rlplace.core import checkpoint
+from rlplace.metrics import wandb_unavailable
 from rlplace.report.cli import main as report_main
 from tests.planner.synthetic import write_profile
 from tests.ray_temp import RAY_TEMP
@@ -352,6 +353,30 @@ def test_a_service_that_is_not_ray_at_the_address_is_refused_at_once(
     assert f"cluster.address = '127.0.0.1:{web_server}': could not attach to a Ray cluster: " in line
     assert "answers, but not as a Ray head" in line
     assert time.monotonic() - started < 5
+
+
+def test_wandb_online_without_an_api_key_is_refused_before_ray_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Runs start their workers before their logger: a tracker that cannot log in is refused before either."""
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings of this machine's user
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb"))
+    run_dir = tmp_path / "run"
+    line = run_in_process(
+        "rlplace-train", ["logger.wandb.mode=online", f"hydra.run.dir={run_dir}"], monkeypatch, capsys
+    )
+    assert line == (
+        "rlplace: error: logger.wandb.mode = 'online' is invalid here: no wandb API key is configured (set "
+        "WANDB_API_KEY or run `wandb login`); valid without one: offline (upload later with `wandb sync`), disabled"
+    )
+    assert not run_dir.exists() and ("ray" not in sys.modules or not sys.modules["ray"].is_initialized())
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the environment overrides the config, as wandb.init does
+    assert wandb_unavailable("online") is None
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    assert wandb_unavailable("offline") is None
 
 
 def run_command(command: str, *args: str, limit_s: float) -> str:

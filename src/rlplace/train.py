@@ -33,7 +33,16 @@ from rlplace.core.errors import ConfigError
 from rlplace.core.launcher import Launcher, RunContext
 from rlplace.core.neighbours import describe, other_embedded_rays
 from rlplace.families import Plan, family_of, register, resolve
-from rlplace.metrics import MetricLogger, Span, Timeline, TrackerRun, build_logger, process_uptime_s, summarize
+from rlplace.metrics import (
+    MetricLogger,
+    Span,
+    Timeline,
+    TrackerRun,
+    build_logger,
+    process_uptime_s,
+    summarize,
+    wandb_unavailable,
+)
 from rlplace.placement import Placement, PlacementError
 from rlplace.replace import Schedule, Switch, switches
 from rlplace.scheduler import ClusterError
@@ -62,13 +71,13 @@ def train(
     then run the family's loop (`core.runner.Runner`), re-placed at each of `switches` (`runner.replace_at`) and
     wherever the planner moves it (`runner.replan_interval`: `rlplace.replace.Schedule`).
 
-    Raises ConfigError for a checkpoint that cannot resume this run and ClusterError for a cluster that cannot hold
-    it, both before any worker starts. SIGTERM or Ctrl-C during the run end it after the current step, with a
-    checkpoint (`preemption`). `keep_ray`: an embedded Ray the run starts stays up for this process's next run (a
-    multirun's next job) and stops at its exit. `started` is the `time.monotonic()` reading `run/startup_s` counts
-    from (None: now);
-    `run/teardown_s` counts from the loop's end until the workers and Ray are stopped. Returns the final metrics
-    and the plan the run ended in (`plan`, unless it was re-placed).
+    Raises ConfigError for a checkpoint that cannot resume this run or a tracker that cannot log in, and
+    ClusterError for a cluster that cannot hold it, all before any worker starts. SIGTERM or Ctrl-C during the run
+    end it after the current step, with a checkpoint (`preemption`). `keep_ray`: an embedded Ray the run starts stays
+    up for this process's next run (a multirun's next job) and stops at its exit. `started` is the
+    `time.monotonic()` reading `run/startup_s` counts from (None: now); `run/teardown_s` counts from the loop's end
+    until the workers and Ray are stopped. Returns the final metrics and the plan the run ended in (`plan`, unless
+    it was re-placed).
     """
     from rlplace.scheduler import Cluster, check_start  # Ray loads when a run starts: `--help` stays quick
 
@@ -79,6 +88,7 @@ def train(
     if resume is not None:
         family.result().check_checkpoint(cfg, resume)
     cfg.runner.resume = None if resume is None else str(resume)  # `auto` resolved once, here, for every worker
+    check_tracker(cfg)
     if plan.ranking is not None:
         log_ranking(plan.ranking, cfg.plan.top)
     log.info(f"rlplace: {mode} {plan.family.name} run of {cfg.task.name} ({sharing(plan)}); outputs in {run_dir}")
@@ -310,16 +320,29 @@ def sweep_group(hydra_cfg: Any) -> str:
     return "-".join([name, *Path(hydra_cfg.sweep.dir).parts[-2:]])
 
 
+def check_tracker(cfg: Any) -> None:
+    """Refuse a tracker that could not start here (`wandb_unavailable`): the logger starts beside the workers, so its
+    failure would otherwise come after them."""
+    if cfg.logger.backend == "wandb" and (why := wandb_unavailable(cfg.logger.wandb.mode)) is not None:
+        setting = os.environ.get("WANDB_MODE") and f"WANDB_MODE = {os.environ['WANDB_MODE']!r}"
+        raise ConfigError(
+            f"{setting or f'logger.wandb.mode = {cfg.logger.wandb.mode!r}'} is invalid here: {why}; valid without "
+            "one: offline (upload later with `wandb sync`), disabled"
+        )
+
+
 def check_run(composed: DictConfig, argv: list[str]) -> None:
     """Refuse (exit 2, one line) a single run that `run` would refuse, before Hydra makes its folder and logging and
     before Ray is imported: its config and placement (`resolve`), the checkpoint it resumes (files, manifest and
-    runner state; whether it fits this run is checked by `train`, which needs the family's launcher), and a cluster
-    that cannot hold it (`check_start`: this machine's cores and GPUs, or a Ray head at `cluster.address`)."""
+    runner state; whether it fits this run is checked by `train`, which needs the family's launcher), a tracker that
+    cannot log in, and a cluster that cannot hold it (`check_start`: this machine's cores and GPUs, or a Ray head at
+    `cluster.address`)."""
     run_dir = Path(composed.hydra.run.dir)
     cfg = OmegaConf.masked_copy(composed, [key for key in composed if key != "hydra"])
     try:
         plan = resolve(cfg)
         switches(plan, run_overrides(argv))
+        check_tracker(plan.cfg)
         resume = checkpoint.resolve_resume(plan.cfg.runner.resume, run_dir / checkpoint.FOLDER)
         if resume is not None:
             checkpoint.read_state(resume, plan.family.name)

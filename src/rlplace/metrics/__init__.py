@@ -18,6 +18,7 @@ from .logger import (
     build_logger,
     read_jsonl,
     summarize,
+    wandb_unavailable,
 )
 from .progress import TrainingProgress
 from .throughput import per_device, throughput, throughput_metrics
@@ -38,6 +39,7 @@ __all__ = [
     "TrainingProgress",
     "WandbLogger",
     "build_logger",
+    "wandb_unavailable",
     "per_device",
     "process_uptime_s",
     "read_jsonl",

@@ -207,6 +207,23 @@ Tracker = Callable[[Path, TrackerRun], MetricLogger]
 """A tracker's factory: the run folder and the run -> the logger that feeds it (beside metrics.jsonl)."""
 
 
+def wandb_unavailable(mode: WandbMode) -> str | None:
+    """Why a wandb run in `mode` (or `WANDB_MODE`, which overrides it) could not start here (None: it can), found
+    without the network: online with no API key (`WANDB_API_KEY`, or the entry `wandb login` writes). A run starts
+    its workers before its logger, so the driver asks this first."""
+    if (os.environ.get("WANDB_MODE") or mode) != "online":
+        return None
+    import wandb
+
+    wandb.setup(wandb.Settings(silent=True))  # no "API key is configured" banner
+    try:
+        if wandb.login(verify=False, prompt=False):
+            return None
+    except wandb.errors.UsageError:
+        pass
+    return "no wandb API key is configured (set WANDB_API_KEY or run `wandb login`)"
+
+
 def _wandb(run_dir: Path, run: TrackerRun) -> MetricLogger:
     return WandbLogger(
         project=run.project,
