@@ -298,27 +298,36 @@ def test_prompts_render_with_the_chat_template_when_the_tokenizer_has_one() -> N
 
 
 def test_prompts_too_long_for_the_model_are_refused_before_any_worker_starts(tmp_path: Path, model_path: Path) -> None:
-    """The tiny LM's context is 128 tokens: a 121-token prompt leaves no room for 8 new ones, wherever it is."""
+    """The tiny LM's context is 128 tokens: a 121-token prompt leaves room for 7 new ones, a 129-token one for none;
+    the error names what to change."""
     from rlplace.cli import compose_run
     from rlplace.families import resolve
     from rlplace.reasoning.launch import check_prompts_fit
 
-    long = json.dumps({"prompt": "1+" * 59 + "1=", "answer": "60"})  # 120 characters, 121 tokens with <bos>
+    def prompt(tokens: int) -> str:  # a prompt of `tokens` tokens: one per character, and <bos>
+        return json.dumps({"prompt": "1+" * ((tokens - 3) // 2) + "1=", "answer": "1"})
 
     def check(train: list[str], *overrides: str) -> None:
         path = _write(tmp_path / "train.jsonl", train)
         data = ["experiment=arithmetic_grpo", "task=dataset", f"task.train_path={path}", f"model.path={model_path}"]
-        plan = resolve(compose_run([*data, "task.eval_size=2", *overrides]))
+        plan = resolve(compose_run([*data, "task.eval_size=2", "task.data_seed=1", *overrides]))
         check_prompts_fit(plan.cfg, model_path)
 
-    check([*_records(6), long], "rollout.max_new_tokens=7")  # 121 + 7 = 128 fits
-    message = (
-        f"task.train_path = '{tmp_path / 'train.jsonl'}' is invalid with model.path = '{model_path}': 1 of its 5 "
-        "train prompts does not fit the model's context of 128 tokens with rollout.max_new_tokens = 8 after them; "
-        "the longest has 121 tokens ('1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+'): shorten or drop such records"
-    )
-    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
-        check([*_records(6), long], "task.data_seed=1")  # the long record in training, not held out
-    evals = _write(tmp_path / "eval.jsonl", [long, long, *_records(2)])
+    check([*_records(6), prompt(121)], "rollout.max_new_tokens=7")  # 121 + 7 = 128 fits
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(f"""rollout.max_new_tokens = 8 is invalid with model.path = \
+'{model_path}': its context of 128 tokens leaves room for 7 after the longest train prompt (121 tokens, '1+1+1+1+1+1\
++1+1+1+1+1+1+1+1+1+1+1+1+1+1+') (valid: 1 to 7, or shorter prompts)"""),
+    ):
+        check([*_records(6), prompt(121)])  # the long record in training (data_seed 1 holds out two others)
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(f"""task.train_path = '{tmp_path / "train.jsonl"}' is invalid \
+with model.path = '{model_path}': 2 of its 5 train prompts do not fit the model's context of 128 tokens with \
+rollout.max_new_tokens = 8 after them; the longest has 129 tokens"""),
+    ):
+        check([*_records(5), prompt(121), prompt(129)])
+    evals = _write(tmp_path / "eval.jsonl", [prompt(129), *_records(2)])
     with pytest.raises(ConfigError, match=re.escape(f"task.eval_path = '{evals}' is invalid with model.path")):
         check(_records(6), f"task.eval_path={evals}")

@@ -103,22 +103,31 @@ def check_prompt_lengths(
     `max_new_tokens` in the model's `context`: the generation engines refuse such a batch (`check_lengths`), which
     would stop the run in a worker, mid-run. Checked: the held-out set, and every training problem of a source that
     holds a known number of them (`num_train`: a data file's records); a source that makes its problems on the fly
-    (arithmetic) draws its held-out set from the same distribution as its training batches."""
-    sets = [("eval", source.eval_set())]
+    (arithmetic) draws its held-out set from the same distribution as its training batches. The error names
+    rollout.max_new_tokens when a smaller one would fit every prompt, else the data."""
+    splits = {"eval": source.eval_set()}
     if isinstance(getattr(source, "num_train", None), int):
-        sets.append(("train", source.train_batch(0, source.num_train)))  # epoch 0: each training problem once
-    for split, problems in sets:
-        lengths = [len(ids) for ids in encode_prompts(tokenizer, problems, task)]
-        over = [i for i, n in enumerate(lengths) if n + max_new_tokens > context]
-        if not over:
-            continue
-        longest = max(over, key=lengths.__getitem__)
-        key = "task.eval_path" if split == "eval" and getattr(task, "eval_path", None) else "task.train_path"
-        if getattr(task, key.removeprefix("task."), None) is None:
-            key = "task.name"
+        splits["train"] = source.train_batch(0, source.num_train)  # epoch 0: each training problem once
+    lengths = {
+        split: [len(ids) for ids in encode_prompts(tokenizer, problems, task)] for split, problems in splits.items()
+    }
+    split, index = max(((s, i) for s in splits for i in range(len(splits[s]))), key=lambda si: lengths[si[0]][si[1]])
+    longest, prompt = lengths[split][index], splits[split][index].prompt[:40]
+    if longest + max_new_tokens <= context:
+        return
+    if longest < context:
         raise ConfigError(
-            f"{key} = {getattr(task, key.removeprefix('task.'))!r} is invalid with model.path = {model!r}: "
-            f"{len(over)} of its {len(problems)} {split} prompts {'does' if len(over) == 1 else 'do'} not fit the "
-            f"model's context of {context} tokens with rollout.max_new_tokens = {max_new_tokens} after them; the "
-            f"longest has {lengths[longest]} tokens ({problems[longest].prompt[:40]!r}): shorten or drop such records"
+            f"rollout.max_new_tokens = {max_new_tokens} is invalid with model.path = {model!r}: its context of "
+            f"{context} tokens leaves room for {context - longest} after the longest {split} prompt ({longest} "
+            f"tokens, {prompt!r}) (valid: 1 to {context - longest}, or shorter prompts)"
         )
+    key = "task.eval_path" if split == "eval" and getattr(task, "eval_path", None) else "task.train_path"
+    if getattr(task, key.removeprefix("task."), None) is None:
+        key = "task.name"
+    over = sum(n + max_new_tokens > context for n in lengths[split])
+    raise ConfigError(
+        f"{key} = {getattr(task, key.removeprefix('task.'))!r} is invalid with model.path = {model!r}: {over} of "
+        f"its {len(splits[split])} {split} prompts {'does' if over == 1 else 'do'} not fit the model's context of "
+        f"{context} tokens with rollout.max_new_tokens = {max_new_tokens} after them; the longest has {longest} "
+        f"tokens ({prompt!r}): shorten or drop such records"
+    )
