@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlplace.core import checkpoint
 from rlplace.core.errors import ConfigError
+from rlplace.core.strategies.training_state import load_training_state, save_training_state
 
 
 def _write(root: Path, step: int, payload: bytes = b"weights") -> Path:
@@ -69,3 +72,23 @@ def test_resume_of_a_path_that_is_no_checkpoint_is_refused(tmp_path: Path) -> No
         checkpoint.resolve_resume(str(tmp_path / "missing"), tmp_path)
     with pytest.raises(ConfigError, match=r"not a checkpoint folder \(expected .../step_<k>\)"):
         checkpoint.resolve_resume(str(tmp_path), tmp_path)
+
+
+def test_a_single_rank_saves_and_loads_its_training_state_without_warnings(tmp_path: Path) -> None:
+    """One process without a process group: DCP's "assuming a single process" warning would reach the driver's
+    console at every checkpoint of every one-rank actor."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save_training_state(tmp_path / "actor", {"policy": (model, optimizer)})
+        copy = torch.nn.Linear(3, 2)
+        copy_optimizer = torch.optim.AdamW(copy.parameters(), lr=0.1)
+        load_training_state(tmp_path / "actor", {"policy": (copy, copy_optimizer)})
+    assert torch.equal(copy.weight, model.weight)
+    assert torch.equal(
+        copy_optimizer.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"]
+    )

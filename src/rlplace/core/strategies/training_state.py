@@ -8,6 +8,9 @@ through `get_state_dict` / `set_state_dict`, whose keys are the model's own para
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch.distributed as dist
@@ -27,15 +30,26 @@ def _state(parts: Trained) -> dict[str, dict]:
     return state
 
 
+@contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """A single rank has no process group, which DCP handles as one process but warns about at every save and load:
+    in a worker, that warning would reach the driver's console with each checkpoint."""
+    with warnings.catch_warnings():
+        if not dist.is_initialized():
+            warnings.filterwarnings("ignore", message=r"torch\.distributed is .*single process", category=UserWarning)
+        yield
+
+
 def save_training_state(folder: Path, parts: Trained) -> None:
-    """Write every model and optimizer of `parts` into `folder`; every rank calls it. A single rank has no process
-    group: it says so (`no_dist`), which is what DCP would assume, with a warning on every save."""
-    dcp.save(_state(parts), checkpoint_id=folder, no_dist=not dist.is_initialized())
+    """Write every model and optimizer of `parts` into `folder`; every rank calls it."""
+    with _single_process_quiet():
+        dcp.save(_state(parts), checkpoint_id=folder)
 
 
 def load_training_state(folder: Path, parts: Trained) -> None:
     """Read what `save_training_state` wrote, under this process's strategy and rank count, into `parts`."""
     state = _state(parts)
-    dcp.load(state, checkpoint_id=folder, no_dist=not dist.is_initialized())
+    with _single_process_quiet():
+        dcp.load(state, checkpoint_id=folder)
     for name, (model, optimizer) in parts.items():
         set_state_dict(model, optimizer, model_state_dict=state[name], optim_state_dict=state[f"{name}_optimizer"])
