@@ -146,7 +146,24 @@ def graded(prompt, response, answer, extra):
     return {"score": right, "right": right, "length": float(len(response))}
 
 not_a_function = 3
+
+
+def two_arguments(response, answer):
+    return 1.0
 """
+
+VERL_FILE = """\
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if data_source != "openai/gsm8k":
+        raise NotImplementedError(data_source)
+    right = float(solution_str.split("####")[-1].strip() == ground_truth)
+    return {"score": right, "index": float(extra_info["index"])}
+
+
+def without_extra_info(data_source, solution_str, ground_truth):
+    return float(solution_str == ground_truth)
+"""
+"""Rewards written for verl (its `custom_reward_function.path`), which branch on the record's data source."""
 
 
 def test_a_reward_is_named_by_registry_module_or_file(tmp_path: Path) -> None:
@@ -165,9 +182,23 @@ def test_a_reward_is_named_by_registry_module_or_file(tmp_path: Path) -> None:
     assert absolute("tests.custom_reward:graded") == "tests.custom_reward:graded"
 
 
+def test_a_reward_written_for_verl_is_called_as_verl_calls_it(tmp_path: Path) -> None:
+    file = tmp_path / "verl_rewards.py"
+    file.write_text(VERL_FILE)
+    record = {"data_source": "openai/gsm8k", "extra_info": {"split": "train", "index": 7}, "ability": "math"}
+    problem = Problem("What is 48+24?", "72", extra=record)
+    reward = reward_function(f"{file}:compute_score")
+    assert reward.scores([problem, problem], ["#### 72", "#### 71"]) == [
+        {"score": 1.0, "index": 7.0},
+        {"score": 0.0, "index": 7.0},
+    ]
+    assert reward_function(f"{file}:without_extra_info")("q", "72", "72", record) == {"score": 1.0}
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
+        ("{file}:two_arguments", "reward.function = '.*my_rewards.py:two_arguments' cannot be called as a reward"),
         ("exact", "reward.function = 'exact' is invalid: valid: exact_match, gsm8k, boxed"),
         ("tests.custom_reward:nothing_here", "reward.function = 'tests.custom_reward:nothing_here' cannot be imported"),
         ("no_such_module:f", "reward.function = 'no_such_module:f' cannot be imported .*; valid: exact_match"),

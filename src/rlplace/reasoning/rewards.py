@@ -7,6 +7,11 @@ scores whose `"score"` entry is the training reward and whose every entry is log
 float is logged as `reward/score`). Everything that scores (the reward workers, evaluation, pretraining) goes through
 `RewardFunction.__call__`, so they all score, and refuse a malformed result, alike.
 
+A function written for verl, `compute_score(data_source, solution_str, ground_truth, extra_info)`, is recognised by
+its first parameter and called as verl calls it, with the record's `data_source` and `extra_info` fields
+(`VerlReward`), so verl's rewards and preprocessed files work unchanged; any other function must accept
+`(prompt, response, answer, extra)`, checked on the driver.
+
 The built-ins: `exact_match` (the arithmetic task's), `gsm8k` (the number after the last `####`), `boxed` (the last
 `\\boxed{...}`, compared by math-verify), `format` (the answer ends in one of those two forms), and
 `gsm8k_with_format` / `boxed_with_format` (correctness plus a small format bonus, `with_format`).
@@ -14,6 +19,7 @@ The built-ins: `exact_match` (the arithmetic task's), `gsm8k` (the number after 
 
 from __future__ import annotations
 
+import inspect
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -200,6 +206,47 @@ class RewardFunction:
         return scored
 
 
+VERL_PARAMETERS = ("data_source", "solution_str", "ground_truth")
+"""The first parameters of a verl reward (`verl.utils.reward_score.default_compute_score`'s signature)."""
+
+
+@dataclass(frozen=True)
+class VerlReward:
+    """A verl reward called as verl's reward manager calls it: by keyword, `data_source` and `extra_info` taken from
+    the problem's record (None where it has none), `extra_info` only if the function takes it."""
+
+    function: Callable[..., float | Mapping[str, float]]
+    takes_extra_info: bool
+
+    def __call__(
+        self, prompt: str, response: str, answer: str, extra: Mapping[str, Any]
+    ) -> float | Mapping[str, float]:
+        given = {"data_source": extra.get("data_source"), "solution_str": response, "ground_truth": answer}
+        if self.takes_extra_info:
+            given["extra_info"] = extra.get("extra_info")
+        return self.function(**given)
+
+
+def _callable_as_reward(spec: str, found: Callable[..., Any]) -> Reward:
+    """`found` as a `Reward`: a verl reward adapted (`VerlReward`), any other checked to accept
+    (prompt, response, answer, extra). ConfigError naming `reward.function` when it cannot."""
+    try:
+        parameters = inspect.signature(found).parameters
+    except (TypeError, ValueError):  # a callable without a signature Python can read: called as it is
+        return found
+    if tuple(parameters)[: len(VERL_PARAMETERS)] == VERL_PARAMETERS:
+        takes = "extra_info" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        return VerlReward(found, takes_extra_info=takes)
+    try:
+        inspect.signature(found).bind("prompt", "response", "answer", {})
+    except TypeError as error:
+        raise ConfigError(
+            f"{KEY} = {spec!r} cannot be called as a reward ({error}); valid: a function of (prompt, response, "
+            f"answer, extra), or verl's ({', '.join(VERL_PARAMETERS)}, extra_info)"
+        ) from None
+    return found
+
+
 def absolute(spec: str) -> str:
     """`spec` with a file's path made absolute (against the directory the run starts in), so that every worker loads
     the same file wherever it runs; other specs unchanged."""
@@ -226,4 +273,4 @@ def reward_function(spec: str) -> RewardFunction:
             f"{KEY} = {spec!r} is not callable: a reward is a function (prompt, response, answer, extra) -> float "
             "or dict of floats"
         )
-    return RewardFunction(spec, found)
+    return RewardFunction(spec, _callable_as_reward(spec, found))
