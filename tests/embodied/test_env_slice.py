@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
+
+import gymnasium as gym
 import numpy as np
 import pytest
 
 from rlplace.embodied.envs import EnvSlice, EpisodeStats, env_spec, make_env, merge_episode_stats, split_stages
+from rlplace.embodied.envs.registry import observation_flattener
 
 FIELDS = ("obs", "rewards", "terminated", "truncated")
 
@@ -112,3 +116,34 @@ def test_any_gymnasium_id_and_unknown_ids() -> None:
         make_env("Cartpole-v1")
     with pytest.raises(ValueError, match="'pong' is not a registered gymnasium environment"):
         env_spec("pong")
+
+
+def test_observations_that_are_not_a_vector_reach_the_policy_flattened() -> None:
+    """FrozenLake's state is one of 16 cells (one-hot), Blackjack's a tuple of three discrete parts; both step, and
+    a state taken mid-episode continues in another slice, as a checkpoint does."""
+    assert env_spec("FrozenLake-v1").obs_dim == 16 and env_spec("Blackjack-v1").obs_dim == 32 + 11 + 2
+    lake = EnvSlice("FrozenLake-v1", 0, 2, seed=0)
+    first = lake.reset()
+    assert first.shape == (2, 16) and first.dtype == np.float32
+    np.testing.assert_array_equal(first.sum(axis=1), [1.0, 1.0])  # one cell each
+    assert first[0, 0] == 1.0  # the start cell
+    whole, moved = EnvSlice("Blackjack-v1", 0, 4, seed=3), EnvSlice("Blackjack-v1", 0, 4, seed=3)
+    for envs in (whole, moved):
+        envs.reset()
+        envs.step(np.zeros(4, dtype=np.int64))
+        envs.pop_episode_stats()
+    moved.restore(pickle.loads(pickle.dumps(moved.states())))
+    for step in range(20):
+        expected, got = (
+            whole.step(_actions(step, whole.global_indices)),
+            moved.step(_actions(step, moved.global_indices)),
+        )
+        for i, name in enumerate(FIELDS):
+            np.testing.assert_array_equal(expected[i], got[i], err_msg=name)
+
+
+def test_spaces_a_policy_cannot_take_are_refused() -> None:
+    space = gym.spaces.Graph(node_space=gym.spaces.Box(0, 1, (2,)), edge_space=None)
+    with pytest.raises(ValueError, match="observation space Graph.* has no flat vector form"):
+        observation_flattener(space)
+    assert observation_flattener(gym.spaces.Box(0, 1, (3,))) is None  # already a vector: taken as it is

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from rlplace.core.errors import ConfigError
 from rlplace.embodied.config import EmbodiedConfig
-from rlplace.embodied.envs.registry import check_env_id
+from rlplace.embodied.envs.registry import env_spec
 from rlplace.placement import ComponentPlacement
 
 
 def check_embodied(cfg: EmbodiedConfig, placement: ComponentPlacement) -> None:
-    """The env id is a gymnasium environment; sub-envs divide over env processes, stages and actor ranks."""
+    """The env id is a gymnasium environment whose spaces a policy can take (one env made to read them); sub-envs
+    divide over env processes, stages and actor ranks."""
     try:
-        check_env_id(cfg.task.env_id)
+        env_spec(cfg.task.env_id)
     except ValueError as err:
         raise ConfigError(f"task.env_id = {cfg.task.env_id!r}: {err}") from None
     streams = placement.get_world_size("env") * cfg.rollout.pipeline_stage_num

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from .registry import ActionSpec, make_env
+from .registry import ActionSpec, flat_dim, make_env, observation_flattener
 
 
 class EpisodeStats(NamedTuple):
@@ -139,7 +139,8 @@ class EnvSlice:
         self.start, self.end, self.seed = start, end, seed
         self.envs = [make_env(task, **env_kwargs) for _ in range(end - start)]
         first = self.envs[0]
-        self.obs_dim = int(np.prod(first.observation_space.shape))
+        self.obs_dim = flat_dim(first.observation_space)
+        self._flatten = observation_flattener(first.observation_space)
         self.action_spec = ActionSpec.from_space(first.action_space)
         if not self.action_spec.discrete:
             self._low = np.asarray(self.action_spec.low, dtype=np.float32)
@@ -164,7 +165,8 @@ class EnvSlice:
         obs = np.empty((self.num_envs, self.obs_dim), dtype=np.float32)
         for i, env in enumerate(self.envs):
             seed = None if self._seeded else self.seed + self.start + i
-            obs[i], _ = env.reset(seed=seed)
+            o, _ = env.reset(seed=seed)
+            obs[i] = o if self._flatten is None else self._flatten(o)
         self._seeded = True
         self._running_return = [0.0] * self.num_envs
         self._running_length = [0] * self.num_envs
@@ -200,6 +202,8 @@ class EnvSlice:
             rewards.append(r)
             terminated.append(term)
             truncated.append(trunc)
+        if self._flatten is not None:
+            obs = [self._flatten(o) for o in obs]
         return (
             np.asarray(obs, dtype=np.float32),
             np.asarray(rewards, dtype=np.float32),

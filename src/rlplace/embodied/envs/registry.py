@@ -1,18 +1,21 @@
 """Simulator tasks are gymnasium environments, named by their gymnasium id (`task.env_id`), and what a policy needs to
 know about them.
 
-Gymnasium's own registry is the task registry: any registered id with a flat observation vector and a discrete or
-1-D continuous action space trains, so a new gymnasium task is one option file (`conf/task/<name>.yaml` with its
-`env_id`) and no code; an environment of your own registers with `gymnasium.register` in a module imported first.
-An id gymnasium does not know is refused on the driver, before any worker starts.
+Gymnasium's own registry is the task registry: any registered id with a discrete or 1-D continuous action space
+trains, so a new gymnasium task is one option file (`conf/task/<name>.yaml` with its `env_id`) and no code; an
+environment of your own registers with `gymnasium.register` in a module imported first. Observations that are not
+a flat vector (a discrete state, an image, a dict of parts) reach the policy flattened by `gymnasium.spaces.flatten`
+(a discrete state one-hot; `observation_flattener`). An id gymnasium does not know, and spaces a policy cannot take, are
+refused on the driver, before any worker starts.
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, lru_cache, partial
 from typing import Any
 
 import gymnasium as gym
@@ -81,6 +84,25 @@ def make_env(env_id: str, **kwargs: Any) -> gym.Env:
     return gym.make(env_id, disable_env_checker=True, **kwargs)
 
 
+def observation_flattener(space: gym.Space) -> Callable[[Any], np.ndarray] | None:
+    """What turns one observation of `space` into the flat vector a policy takes (None: it is one already, a 1-D
+    Box). Outside the env rather than a gymnasium wrapper: a checkpoint pickles each sub-env whole, and
+    `FlattenObservation` holds a lambda. ValueError for a space without a flat form (Graph, Sequence, Text)."""
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+        return None
+    try:
+        gym.spaces.flatdim(space)
+    except (NotImplementedError, ValueError):
+        raise ValueError(f"observation space {space} has no flat vector form") from None
+    return partial(gym.spaces.flatten, space)
+
+
+def flat_dim(space: gym.Space) -> int:
+    """The length of `space`'s observations as the policy takes them (`observation_flattener`)."""
+    observation_flattener(space)  # refuses a space without a flat form
+    return int(gym.spaces.flatdim(space))
+
+
 @cache
 def _log_mujoco_warnings() -> None:
     """Send MuJoCo's warnings to this module's logger, each text once per process.
@@ -95,12 +117,14 @@ def _log_mujoco_warnings() -> None:
 
 @lru_cache(maxsize=32)
 def _spec(env_id: str, kwargs_items: tuple[tuple[str, Any], ...]) -> EnvSpec:
-    env = make_env(env_id, **dict(kwargs_items))
     try:
-        obs_shape = env.observation_space.shape
-        if obs_shape is None or len(obs_shape) != 1:
-            raise ValueError(f"{env_id}: observation space {env.observation_space} is not a flat vector")
-        return EnvSpec(env_id=env_id, obs_dim=int(np.prod(obs_shape)), action=ActionSpec.from_space(env.action_space))
+        env = make_env(env_id, **dict(kwargs_items))
+    except gym.error.DependencyNotInstalled as err:  # e.g. Box2D for CarRacing: what to install, in one line
+        raise ValueError(f"{env_id}: {err}") from None
+    try:
+        return EnvSpec(env_id, flat_dim(env.observation_space), ActionSpec.from_space(env.action_space))
+    except ValueError as err:
+        raise ValueError(f"{env_id}: {err}") from None
     finally:
         env.close()
 
