@@ -86,14 +86,13 @@ def encode_prompts(tokenizer: Any, problems: Sequence[Problem], task: ReasoningT
         system = "" if task.system_prompt is None else task.system_prompt + "\n"
         texts = [system + "\n".join(m["content"] for m in p.messages or [{"content": p.prompt}]) for p in problems]
         return tokenizer(texts)["input_ids"]
-    ids = []
+    texts = []
     for problem in problems:
         turns = list(problem.messages) or [{"role": "user", "content": problem.prompt}]
         if task.system_prompt is not None and turns[0]["role"] != "system":
             turns.insert(0, {"role": "system", "content": task.system_prompt})
-        text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
-        ids.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return ids
+        texts.append(tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True))
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
 
 def check_prompt_lengths(
