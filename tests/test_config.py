@@ -148,6 +148,7 @@ def test_wrong_type_or_unknown_key_is_refused_while_composing(compose_cfg, overr
         ("plan.format=xml", r"plan.format = 'xml'"),
         ("runner.max_steps=0", r"runner.max_steps = 0 is invalid: at least 1"),
         ("runner.save_interval=-1", r"runner.save_interval = -1 is invalid"),
+        ("runner.keep_checkpoints=0", r"runner.keep_checkpoints = 0 is invalid: at least 1, or null"),
         ("runner.eval_interval=0", r"runner.eval_interval = 0 is invalid: at least 1"),
         ("runner.max_staleness=-1", r"runner.max_staleness = -1 is invalid: 0 \(synchronous\) or more"),
     ],

@@ -58,6 +58,14 @@ def test_resume_auto_takes_the_newest_complete_checkpoint(tmp_path: Path) -> Non
     assert checkpoint.resolve_resume(None, tmp_path) is None
 
 
+def test_prune_keeps_the_newest_complete_checkpoints(tmp_path: Path) -> None:
+    kept = [_write(tmp_path, step) for step in (1, 2, 10, 11)][-2:]
+    cut_short = checkpoint.staging_dir(tmp_path, 12)  # a save in progress is not a checkpoint: left alone
+    assert [p.name for p in checkpoint.prune(tmp_path, 2)] == ["step_000001", "step_000002"]
+    assert sorted(tmp_path.iterdir()) == [*kept, cut_short]
+    assert checkpoint.prune(tmp_path, 5) == []
+
+
 def test_resume_auto_without_a_checkpoint_is_refused_unless_asked_to_start_fresh(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError,

@@ -248,13 +248,16 @@ def test_the_return_window_and_the_stop_step_do_not_depend_on_placement(shared_r
     # when the task is solved must not see that. When episodes were joined env rank by env rank, collocated gave the
     # windows 21.3, 20.7, 27.25 here, hybrid 22.25, 22.85, 28.6 (and with solved_return 22 hybrid stopped 2 steps
     # earlier).
+    # A checkpoint every step, the newest one kept (runner.keep_checkpoints): the earlier ones are removed.
     windows = {}
     for preset in ("hybrid", "collocated"):
         run_dir = tmp_path / preset
         run_dir.mkdir()
         overrides = [f"placement={preset}", "task.solved_return=24", "runner.seed=3", "algorithm.update_epochs=4"]
-        train(resolve(compose_run([*overrides, "runner.max_steps=6", "logger=jsonl"])), run_dir, resolved_config={})
+        overrides += ["runner.save_interval=1", "runner.keep_checkpoints=1", "runner.max_steps=6", "logger=jsonl"]
+        train(resolve(compose_run(overrides)), run_dir, resolved_config={})
         windows[preset] = [row["env/return_last20"] for row in metrics(run_dir)]
+        assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_000003"]
     assert windows["hybrid"] == windows["collocated"]
     assert len(windows["hybrid"]) == 3  # the third window reaches 24: solved, stopped in both
 

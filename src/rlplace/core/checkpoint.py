@@ -129,10 +129,25 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _complete(root: Path) -> list[Path]:
+    """The complete checkpoints under `root`, oldest first."""
+    steps = [(int(m.group(1)), p) for p in root.glob("step_*") if (m := _COMPLETE.match(p.name)) and p.is_dir()]
+    return [path for _, path in sorted(steps)]
+
+
 def latest(root: Path) -> Path | None:
     """The newest complete checkpoint under `root`, or None."""
-    steps = [(int(m.group(1)), p) for p in root.glob("step_*") if (m := _COMPLETE.match(p.name)) and p.is_dir()]
-    return max(steps)[1] if steps else None
+    complete = _complete(root)
+    return complete[-1] if complete else None
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Remove all but the newest `keep` complete checkpoints under `root` (`runner.keep_checkpoints`), oldest first;
+    called once a new one is complete, so a crash mid-removal still leaves the newest whole. The removed folders."""
+    removed = _complete(root)[:-keep]
+    for path in removed:
+        shutil.rmtree(path)
+    return removed
 
 
 def step_of(path: Path) -> int:

@@ -205,6 +205,9 @@ class RunnerConfig:
     """Checkpoint every this many steps (and at the end, and when SIGTERM or Ctrl-C stops the run); 0 saves only at
     the end; null never (benchmark and profiling runs, whose checkpoints of a large model would cost minutes and
     tens of GB)."""
+    keep_checkpoints: int | None = None
+    """Keep only the newest this many checkpoints of the run folder, removing older ones once a newer one is complete
+    (an LLM's weights and optimizer state are tens of GB each); null keeps every one."""
     resume: str | None = None
     """None starts fresh; `auto` continues the newest checkpoint of the run folder (an error if there is none);
     `auto_or_new` starts fresh then; or a checkpoint path."""
@@ -243,6 +246,12 @@ class RunnerConfig:
             "runner.save_interval",
             self.save_interval,
             "0 (only at the end), more, or null (never)",
+        )
+        check(
+            self.keep_checkpoints is None or self.keep_checkpoints >= 1,
+            "runner.keep_checkpoints",
+            self.keep_checkpoints,
+            "at least 1, or null (keep every one)",
         )
         check(self.eval_interval >= 1, "runner.eval_interval", self.eval_interval, "at least 1")
         check(self.hang_timeout_s > 0, "runner.hang_timeout_s", self.hang_timeout_s, "positive")

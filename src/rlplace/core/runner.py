@@ -307,13 +307,17 @@ class Runner(ABC, Generic[C, G, A, T]):
         return metrics
 
     def save_checkpoint(self, step: int) -> Path:
-        """The groups' state and the runner's counters after `step` steps: one atomic folder."""
+        """The groups' state and the runner's counters after `step` steps: one atomic folder; then older ones beyond
+        runner.keep_checkpoints are removed."""
         with self.timer.phase("checkpoint"):
             tmp = checkpoint.staging_dir(self.checkpoint_root, step)
             wait_all(*self.save_workers(str(tmp)))
             state = {"family": self.family, "step": step, **self.state(), "identity": self.identity}
             (tmp / checkpoint.STATE_FILE).write_text(json.dumps(state))
-            return checkpoint.commit(tmp)
+            saved = checkpoint.commit(tmp)
+            if self.cfg.runner.keep_checkpoints is not None:
+                checkpoint.prune(self.checkpoint_root, self.cfg.runner.keep_checkpoints)
+            return saved
 
 
 @contextmanager
