@@ -126,6 +126,7 @@ def train(
                 with runner.serving():
                     runner.init_workers()
                     if switch is None:
+                        preemption.stop_if_requested()  # stopped while starting: no step to finish
                         startup_s = schedule.cost_s = time.monotonic() - started
                     else:
                         replaced.append(record_switch(runner.timeline, switch, switched))
@@ -239,6 +240,9 @@ def run(cfg: DictConfig) -> float | None:
         # A basic launcher runs a multirun's jobs one after another in this process: they share one embedded Ray.
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
         final, ended = train(plan, run_dir, config, started, switches(plan, overrides), keep_ray=multirun)
+    except preemption.StoppedEarly as stopped:
+        print(f"rlplace: {stopped}; run the same command again to start", file=sys.stderr)
+        sys.exit(128 + stopped.signum)
     except (ConfigError, PlacementError, ClusterError) as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             # One combination of a sweep that this cluster cannot hold: skip it, keep sweeping.
@@ -399,6 +403,9 @@ def profile_first(composed: DictConfig, argv: list[str]) -> list[str]:
     try:
         with _logged_to(folder / "train.log"):
             train(resolve(cfg), folder, OmegaConf.to_container(cfg, resolve=True), keep_ray=True)
+    except preemption.StoppedEarly as stopped:
+        print(f"rlplace: {stopped} of the profiling run in {folder}", file=sys.stderr)
+        sys.exit(128 + stopped.signum)
     except (ConfigError, PlacementError, ClusterError) as err:
         fail(f"placement = 'auto': the profiling run in {folder} cannot run: {err}")
     stopped_by = preemption.received()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from rlplace.cli import EXIT_BAD_CONFIG, pretrain_main
+from rlplace.core import preemption
 from rlplace.core.errors import ConfigError
 from rlplace.reasoning.config import (
     ArithmeticTaskConfig,
@@ -224,3 +227,13 @@ def test_cli_pretrains_into_outputs_and_reports_the_folder(cli, tmp_path: Path) 
     assert "pretrain step 4:" in out
     assert out.strip().splitlines()[-1].startswith(f"model: {Path('outputs/pretrained') / folder.name}")
     check_model_folder(folder)
+
+
+def test_a_run_stopped_while_its_model_pretrains_ends_there_caching_nothing(tmp_path: Path) -> None:
+    """A SIGTERM (or Ctrl-C) before a run's first step: pretraining stops at its next step, and no half-trained model
+    is left in the cache for a later run to take as pretrained."""
+    with preemption.handled():
+        os.kill(os.getpid(), signal.SIGTERM)  # recorded by the run's handler, as a batch scheduler's stop would be
+        with pytest.raises(preemption.StoppedEarly, match="stopped by SIGTERM before the first step"):
+            pretrained_model_path(tiny_cfg(), cache_root=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # neither the cache folder nor its temporary one

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import ray  # also puts Ray's vendored psutil on sys.path
 
-from rlplace.scheduler.session import reap_orphaned_sessions
+from rlplace.core.config import ClusterConfig
+from rlplace.scheduler.session import REAP_S, reap_orphaned_sessions, start_local_ray
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("exit", "error", "interrupt")
@@ -95,3 +96,39 @@ def test_what_a_sigkilled_drivers_ray_leaves_is_reaped_when_the_next_ray_starts(
     while alive(started) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert alive(started) == []
+
+
+def own_ray_leftovers() -> tuple[list[Path], list[int]]:
+    """This process's Ray session folders (Ray names them after the starting pid) and its Ray child processes."""
+    import psutil
+
+    sessions = list(Path(ray._common.utils.get_default_ray_temp_dir()).glob(f"session_*_{os.getpid()}"))
+    ray_dir = os.path.dirname(ray.__file__)
+    children = [p.pid for p in psutil.Process().children(recursive=True) if any(ray_dir in a for a in p.cmdline())]
+    return sessions, children
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c during the start", "ray's sigterm handler ending it"])
+def test_a_start_cut_short_leaves_no_ray_process_or_session_folder(
+    no_ray: None, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    """A Ctrl-C that arrives while Ray starts is held until Ray is up, which then stops; Ray's own SIGTERM handler,
+    which Ray installs part-way through its start and which exits, ends the start: what it started is removed."""
+    real_init = ray.init
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        if stop == "ctrl-c during the start":
+            os.kill(os.getpid(), signal.SIGINT)
+            return real_init(*args, **kwargs)
+        real_init(*args, **kwargs)
+        raise SystemExit(1)  # what Ray's handler raises, after the node's processes have started
+
+    monkeypatch.setattr(ray, "init", interrupted)
+    previous = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt if stop == "ctrl-c during the start" else SystemExit):
+        start_local_ray(ClusterConfig())
+    assert not ray.is_initialized() and signal.getsignal(signal.SIGINT) is previous
+    deadline = time.monotonic() + REAP_S
+    while own_ray_leftovers() != ([], []) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert own_ray_leftovers() == ([], [])

@@ -3,7 +3,9 @@
 Batch schedulers (Slurm, Kubernetes) send SIGTERM and wait a grace period before SIGKILL; a user presses Ctrl-C. In
 both cases the step under way is finished and saved so the run resumes (`runner.resume=auto`) where it stopped. The
 driver installs the handlers for the length of a run (`handled`, after Ray has put in its own SIGTERM handler, which
-would exit at once); the runners ask `requested()` between steps. A second Ctrl-C aborts at once.
+would exit at once); the runners ask `requested()` between steps. Before the first step (pretraining a model, the
+workers starting) there is nothing to save: that work asks `stop_if_requested()`, and the run ends there. A second
+Ctrl-C aborts at once.
 """
 
 from __future__ import annotations
@@ -28,14 +30,29 @@ def received() -> int | None:
     return _received[0] if _received else None
 
 
+class StoppedEarly(Exception):
+    """A stop asked for before the run's first step: nothing was trained, so there is nothing to save."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name} before the first step: nothing to save")
+        self.signum = signum
+
+
+def stop_if_requested() -> None:
+    """Raise StoppedEarly once a stop was asked for: for the work before a run's first step, which has no step to
+    finish (pretraining, starting the workers)."""
+    if _received:
+        raise StoppedEarly(_received[0])
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _received and signum == signal.SIGINT:
         raise KeyboardInterrupt  # the second Ctrl-C: stop waiting for the step
     if not _received:
         name = signal.Signals(signum).name
         print(
-            f"rlplace: {name} received: finishing this step, writing a checkpoint, then stopping "
-            "(Ctrl-C again aborts at once)",
+            f"rlplace: {name} received: finishing this step, writing a checkpoint, then stopping; before the first "
+            "step, stopping at once (Ctrl-C again aborts at once)",
             file=sys.stderr,
             flush=True,
         )

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rlplace.core import preemption
 from rlplace.core.config import output_root
 from rlplace.core.errors import check
 from rlplace.core.registry import load
@@ -190,6 +191,7 @@ def fine_tune(cfg: ReasoningConfig, folder: Path, source: PromptSource) -> dict[
     losses: list[float] = []
     step = 0
     while step < pre.max_steps and history[-1]["accuracy"] < pre.target_accuracy:
+        preemption.stop_if_requested()  # a run stopped while its model pretrains ends here, caching nothing
         model.train()
         loss = sft_loss(model, tokenizer, source.train_batch(step, pre.batch_size), cfg.task, grad=True)
         optimizer.zero_grad(set_to_none=True)

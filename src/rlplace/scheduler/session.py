@@ -16,9 +16,15 @@ import glob
 import logging
 import os
 import shutil
+import signal
 import socket
+import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -44,27 +50,76 @@ def start_local_ray(cfg: ClusterConfig) -> None:
 
     Ray replaces 127.0.0.1 by the machine's routable IP on Linux unless its cluster mode is off, which is only
     read at start-up; it is switched off for the duration of `ray.init`, so nothing listens for other machines.
+
+    A Ctrl-C or SIGTERM during the start takes effect once Ray is up, and stops it (`_stops_deferred`); one that
+    reaches Ray's own SIGTERM handler, which Ray installs part-way through, ends the start, and what it had started
+    is removed (`_clean_failed_start`). A start cut short otherwise leaves processes and a session folder that
+    nothing identifies as this process's.
     """
     reap_orphaned_sessions()
     enable_cluster = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
+    with _stops_deferred() as stops:
+        try:
+            ray.init(
+                address="local",
+                include_dashboard=cfg.dashboard,
+                namespace=cfg.namespace or f"rlplace-{uuid.uuid4().hex[:8]}",
+                logging_level=logging.ERROR,
+                _node_ip_address="127.0.0.1",
+                # Ray starts an idle Python worker per CPU for the first driver, for tasks, whether or not anything
+                # takes them. A run starts as many worker processes as its placement names; more only compete with
+                # their start.
+                _system_config={"prestart_worker_first_driver": False},
+            )
+        except BaseException as error:
+            _clean_failed_start()
+            if isinstance(error, Exception):
+                raise ClusterError(f"could not start an embedded local Ray: {error}") from error
+            raise
+        finally:
+            ray_constants.ENABLE_RAY_CLUSTER = enable_cluster
+        with open(os.path.join(_session_dir(), OWNER_FILE), "w") as f:
+            f.write(str(os.getpid()))
+    if stops:
+        disconnect(stop=True)
+        if stops[0] == signal.SIGINT:
+            raise KeyboardInterrupt
+        sys.exit(128 + stops[0])
+
+
+@contextmanager
+def _stops_deferred() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM held back in the block: the signals received, for the caller to act on after it. A handler
+    installed meanwhile (Ray's, for SIGTERM) stays. Only the main thread receives signals: elsewhere the block runs
+    as it is."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        ray.init(
-            address="local",
-            include_dashboard=cfg.dashboard,
-            namespace=cfg.namespace or f"rlplace-{uuid.uuid4().hex[:8]}",
-            logging_level=logging.ERROR,
-            _node_ip_address="127.0.0.1",
-            # Ray starts an idle Python worker per CPU for the first driver, for tasks, whether or not anything takes
-            # them. A run starts as many worker processes as its placement names; more only compete with their start.
-            _system_config={"prestart_worker_first_driver": False},
-        )
-    except Exception as error:
-        raise ClusterError(f"could not start an embedded local Ray: {error}") from error
+        yield received
     finally:
-        ray_constants.ENABLE_RAY_CLUSTER = enable_cluster
-    with open(os.path.join(_session_dir(), OWNER_FILE), "w") as f:
-        f.write(str(os.getpid()))
+        for sig, handler in previous.items():
+            if signal.getsignal(sig) is hold:
+                signal.signal(sig, handler)
+
+
+def _clean_failed_start() -> None:
+    """Stop what a `ray.init` that did not finish had started, and delete its session folder, which has no
+    `OWNER_FILE` yet: Ray names a session it starts after the starting process (`session_<time>_<pid>`)."""
+    leftovers = _ray_processes()
+    with suppress(Exception):  # a half-started Ray: stop what can be stopped; the kill below does the rest
+        ray.shutdown()
+    _kill(leftovers)
+    root = ray._common.utils.get_default_ray_temp_dir()
+    for session in glob.glob(os.path.join(root, f"session_*_{os.getpid()}")):
+        remove_session(session)
 
 
 def started_here() -> bool:
