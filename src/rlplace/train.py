@@ -404,7 +404,7 @@ def profile_first(composed: DictConfig, argv: list[str]) -> list[str]:
         with _logged_to(folder / "train.log"):
             train(resolve(cfg), folder, OmegaConf.to_container(cfg, resolve=True), keep_ray=True)
     except preemption.StoppedEarly as stopped:
-        print(f"rlplace: {stopped} of the profiling run in {folder}", file=sys.stderr)
+        print(f"rlplace: the profiling run in {folder}: {stopped}", file=sys.stderr)
         sys.exit(128 + stopped.signum)
     except (ConfigError, PlacementError, ClusterError) as err:
         fail(f"placement = 'auto': the profiling run in {folder} cannot run: {err}")

@@ -110,8 +110,8 @@ def check_prompt_lengths(
     lengths = {
         split: [len(ids) for ids in encode_prompts(tokenizer, problems, task)] for split, problems in splits.items()
     }
-    split, index = max(((s, i) for s in splits for i in range(len(splits[s]))), key=lambda si: lengths[si[0]][si[1]])
-    longest, prompt = lengths[split][index], splits[split][index].prompt[:40]
+    longest, split, index = max((n, split, i) for split, ns in lengths.items() for i, n in enumerate(ns))
+    prompt = splits[split][index].prompt[:40]
     if longest + max_new_tokens <= context:
         return
     if longest < context:
@@ -120,12 +120,12 @@ def check_prompt_lengths(
             f"{context} tokens leaves room for {context - longest} after the longest {split} prompt ({longest} "
             f"tokens, {prompt!r}) (valid: 1 to {context - longest}, or shorter prompts)"
         )
-    key = "task.eval_path" if split == "eval" and getattr(task, "eval_path", None) else "task.train_path"
-    if getattr(task, key.removeprefix("task."), None) is None:
-        key = "task.name"
+    field = "eval_path" if split == "eval" and getattr(task, "eval_path", None) else "train_path"
+    if getattr(task, field, None) is None:  # problems made by the task, not read from a file
+        field = "name"
     over = sum(n + max_new_tokens > context for n in lengths[split])
     raise ConfigError(
-        f"{key} = {getattr(task, key.removeprefix('task.'))!r} is invalid with model.path = {model!r}: {over} of "
+        f"task.{field} = {getattr(task, field)!r} is invalid with model.path = {model!r}: {over} of "
         f"its {len(splits[split])} {split} prompts {'does' if over == 1 else 'do'} not fit the model's context of "
         f"{context} tokens with rollout.max_new_tokens = {max_new_tokens} after them; the longest has {longest} "
         f"tokens ({prompt!r}): shorten or drop such records"
