@@ -59,11 +59,15 @@ def test_resume_auto_takes_the_newest_complete_checkpoint(tmp_path: Path) -> Non
 
 
 def test_prune_keeps_the_newest_complete_checkpoints(tmp_path: Path) -> None:
-    kept = [_write(tmp_path, step) for step in (1, 2, 10, 11)][-2:]
+    old = [_write(tmp_path, step) for step in (1, 2, 10)]
     cut_short = checkpoint.staging_dir(tmp_path, 12)  # a save in progress is not a checkpoint: left alone
-    assert [p.name for p in checkpoint.prune(tmp_path, 2)] == ["step_000001", "step_000002"]
-    assert sorted(tmp_path.iterdir()) == [*kept, cut_short]
-    assert checkpoint.prune(tmp_path, 5) == []
+    saved = _write(tmp_path, 11)
+    assert checkpoint.prune(saved, 2) == old[:2]
+    assert sorted(tmp_path.iterdir()) == [old[2], saved, cut_short]
+    assert checkpoint.prune(saved, 5) == []
+    # Resumed from step 10 and saved step 11 again: what the first run saved after it is superseded.
+    later = _write(tmp_path, 20)
+    assert checkpoint.prune(saved, 1) == [old[2], later]
 
 
 def test_resume_auto_without_a_checkpoint_is_refused_unless_asked_to_start_fresh(tmp_path: Path) -> None:

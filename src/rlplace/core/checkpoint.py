@@ -141,10 +141,14 @@ def latest(root: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
-def prune(root: Path, keep: int) -> list[Path]:
-    """Remove all but the newest `keep` complete checkpoints under `root` (`runner.keep_checkpoints`), oldest first;
-    called once a new one is complete, so a crash mid-removal still leaves the newest whole. The removed folders."""
-    removed = _complete(root)[:-keep]
+def prune(saved: Path, keep: int) -> list[Path]:
+    """After checkpoint `saved` is complete, remove the other checkpoints of its folder but the newest `keep` - 1
+    before it (`runner.keep_checkpoints`): also any after it, which a run resumed from an earlier checkpoint
+    supersedes. Called once `saved` is complete, so a crash mid-removal leaves it whole. The removed folders."""
+    step = step_of(saved)
+    before = [path for path in _complete(saved.parent) if step_of(path) < step]
+    after = [path for path in _complete(saved.parent) if step_of(path) > step]
+    removed = before[: max(0, len(before) - (keep - 1))] + after
     for path in removed:
         shutil.rmtree(path)
     return removed

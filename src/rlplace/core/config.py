@@ -207,7 +207,8 @@ class RunnerConfig:
     tens of GB)."""
     keep_checkpoints: int | None = None
     """Keep only the newest this many checkpoints of the run folder, removing older ones once a newer one is complete
-    (an LLM's weights and optimizer state are tens of GB each); null keeps every one."""
+    (an LLM's weights and optimizer state are tens of GB each), and later ones a resumed run supersedes
+    (`checkpoint.prune`); null keeps every one."""
     resume: str | None = None
     """None starts fresh; `auto` continues the newest checkpoint of the run folder (an error if there is none);
     `auto_or_new` starts fresh then; or a checkpoint path."""

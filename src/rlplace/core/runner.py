@@ -316,7 +316,7 @@ class Runner(ABC, Generic[C, G, A, T]):
             (tmp / checkpoint.STATE_FILE).write_text(json.dumps(state))
             saved = checkpoint.commit(tmp)
             if self.cfg.runner.keep_checkpoints is not None:
-                checkpoint.prune(self.checkpoint_root, self.cfg.runner.keep_checkpoints)
+                checkpoint.prune(saved, self.cfg.runner.keep_checkpoints)
             return saved
 
 
