@@ -240,6 +240,7 @@ def test_building_vllm_leaves_the_process_rng_and_threads_alone(vllm_built):
     assert torch.set_num_threads is torch._C.set_num_threads
 
 
+@pytest.mark.slow  # builds a vLLM engine (the fixture the test above shares): not for make test-fast
 def test_vllm_keeps_its_rendezvous_file_in_a_folder_of_its_own(vllm_built):
     """vLLM's single-process executor names a `vllm_dist_*` file store in the temp folder and never deletes it: it
     goes into the engine's folder instead, which `close` removes (checked where the fixture closes the engine)."""
