@@ -117,11 +117,11 @@ def test_a_start_cut_short_leaves_no_ray_process_or_session_folder(
     real_init = ray.init
 
     def interrupted(*args: object, **kwargs: object) -> object:
+        started = real_init(*args, **kwargs)  # Ray's processes are up; its start has not returned yet
         if stop == "ctrl-c during the start":
             os.kill(os.getpid(), signal.SIGINT)
-            return real_init(*args, **kwargs)
-        real_init(*args, **kwargs)
-        raise SystemExit(1)  # what Ray's handler raises, after the node's processes have started
+            return started
+        raise SystemExit(1)  # what Ray's handler raises
 
     monkeypatch.setattr(ray, "init", interrupted)
     previous = signal.getsignal(signal.SIGINT)
