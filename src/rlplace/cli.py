@@ -161,6 +161,9 @@ def pretrain_main(argv: list[str] | None = None) -> None:
         folder = pretrained_model_path(plan.cfg)
     except ConfigError as err:
         fail(str(err))
+    except KeyboardInterrupt:  # pretraining writes into a temporary folder, removed on the way out: nothing cached
+        print("rlplace: pretraining aborted by Ctrl-C; nothing was cached", file=sys.stderr)
+        sys.exit(130)
     stats_file = folder / STATS_FILE
     accuracy = json.loads(stats_file.read_text())["accuracy_after"] if stats_file.is_file() else None
     print(f"model: {folder}" + ("" if accuracy is None else f"  accuracy: {accuracy:.3f}"))

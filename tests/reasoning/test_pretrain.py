@@ -237,3 +237,15 @@ def test_a_run_stopped_while_its_model_pretrains_ends_there_caching_nothing(tmp_
         with pytest.raises(preemption.StoppedEarly, match="stopped by SIGTERM before the first step"):
             pretrained_model_path(tiny_cfg(), cache_root=tmp_path)
     assert list(tmp_path.iterdir()) == []  # neither the cache folder nor its temporary one
+
+
+def test_cli_aborted_by_ctrl_c_says_so_in_one_line_and_caches_nothing(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt  # a Ctrl-C while the model fine-tunes, in its temporary folder
+
+    monkeypatch.setattr("rlplace.reasoning.pretrain.fine_tune", interrupted)
+    code, _, err = cli(*REASONING, "task.max_digits=1", "task.operations=+", "task.eval_size=10")
+    assert (code, err.strip()) == (130, "rlplace: pretraining aborted by Ctrl-C; nothing was cached")
+    assert list((tmp_path / "outputs" / "pretrained").iterdir()) == []
