@@ -39,11 +39,11 @@ __all__ = [
     "TrainingProgress",
     "WandbLogger",
     "build_logger",
-    "wandb_unavailable",
     "per_device",
     "process_uptime_s",
     "read_jsonl",
     "summarize",
     "throughput",
     "throughput_metrics",
+    "wandb_unavailable",
 ]

@@ -231,14 +231,15 @@ def _callable_as_reward(spec: str, found: Callable[..., Any]) -> Reward:
     """`found` as a `Reward`: a verl reward adapted (`VerlReward`), any other checked to accept
     (prompt, response, answer, extra). ConfigError naming `reward.function` when it cannot."""
     try:
-        parameters = inspect.signature(found).parameters
+        signature = inspect.signature(found)
     except (TypeError, ValueError):  # a callable without a signature Python can read: called as it is
         return found
+    parameters = signature.parameters
     if tuple(parameters)[: len(VERL_PARAMETERS)] == VERL_PARAMETERS:
         takes = "extra_info" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
         return VerlReward(found, takes_extra_info=takes)
     try:
-        inspect.signature(found).bind("prompt", "response", "answer", {})
+        signature.bind("prompt", "response", "answer", {})
     except TypeError as error:
         raise ConfigError(
             f"{KEY} = {spec!r} cannot be called as a reward ({error}); valid: a function of (prompt, response, "

@@ -60,6 +60,11 @@ class DatasetTaskConfig(ReasoningTaskConfig):
         if self.eval_fraction is not None:
             check(0 < self.eval_fraction < 1, "task.eval_fraction", self.eval_fraction, "in (0, 1), or null")
 
+    def origin(self, split: str) -> tuple[str, object]:
+        if split == "eval" and self.eval_path is not None:
+            return "task.eval_path", self.eval_path
+        return "task.train_path", self.train_path  # the held-out records too, without an eval_path
+
     def prompt_source(self) -> DatasetTask:
         assert self.train_path is not None, "DatasetTaskConfig refuses a missing train_path"
         return DatasetTask(self)

@@ -120,12 +120,10 @@ def check_prompt_lengths(
             f"{context} tokens leaves room for {context - longest} after the longest {split} prompt ({longest} "
             f"tokens, {prompt!r}) (valid: 1 to {context - longest}, or shorter prompts)"
         )
-    field = "eval_path" if split == "eval" and getattr(task, "eval_path", None) else "train_path"
-    if getattr(task, field, None) is None:  # problems made by the task, not read from a file
-        field = "name"
+    key, value = task.origin(split)
     over = sum(n + max_new_tokens > context for n in lengths[split])
     raise ConfigError(
-        f"task.{field} = {getattr(task, field)!r} is invalid with model.path = {model!r}: {over} of "
+        f"{key} = {value!r} is invalid with model.path = {model!r}: {over} of "
         f"its {len(splits[split])} {split} prompts {'does' if over == 1 else 'do'} not fit the model's context of "
         f"{context} tokens with rollout.max_new_tokens = {max_new_tokens} after them; the longest has {longest} "
         f"tokens ({prompt!r}): shorten or drop such records"

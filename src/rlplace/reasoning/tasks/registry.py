@@ -56,6 +56,11 @@ class ReasoningTaskConfig:
         check(self.eval_size >= 1, "task.eval_size", self.eval_size, "at least 1")
         check(self.data_seed >= 0, "task.data_seed", self.data_seed, "0 or more")
 
+    def origin(self, split: str) -> tuple[str, object]:
+        """The config key, and its value, that the problems of `split` ("train" or "eval") come from, for an error
+        about them: the task itself, for a task that makes its problems."""
+        return "task.name", self.name
+
     def prompt_source(self) -> PromptSource:
         """The task's problems; its streams are seeded by `data_seed`."""
         raise NotImplementedError(f"{type(self).__name__} builds no prompt source: register a task's own schema")
