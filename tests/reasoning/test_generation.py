@@ -8,8 +8,11 @@ engine are marked slow: starting one takes seconds.
 
 from __future__ import annotations
 
+import collections
+import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -224,6 +227,21 @@ def test_responses_stop_at_eos_or_max_new_tokens(models, engine):
     assert [r[: len(f)] for r, f in zip(long, full, strict=True)] == full
     with pytest.raises(ValueError, match="does not fit max_model_len = 128"):
         engine.generate([[1] * 125], [0], max_new_tokens=4, temperature=0.0, seed=0)
+
+
+def test_responses_also_stop_at_the_eos_tokens_of_generation_config(models, hf, tmp_path):
+    """A chat model may name the token that ends its turn only in generation_config.json (Llama 3 Instruct's
+    <|eot_id|>): generation stops there as well as at the config's EOS."""
+    full = _greedy(hf, models.prompts)
+    stop = collections.Counter(t for r in full for t in r[1:-1]).most_common(1)[0][0]
+    folder = Path(shutil.copytree(models.sums, tmp_path / "model"))
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == EOS  # as save_pretrained writes it: the config's EOS alone
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": [EOS, stop]}))
+    engine = make_engine("hf", str(folder), "cpu")
+    assert engine.eos_ids == [EOS, stop]
+    expected = [r[: r.index(stop) + 1] if stop in r else r for r in full]
+    assert _greedy(engine, models.prompts) == expected != full
 
 
 def test_sleep_and_wake_up_are_no_ops_on_cpu(models, engine):

@@ -9,7 +9,9 @@ placed.
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -65,10 +67,23 @@ def sequence_seed(seed: int, sample_id: int) -> int:
     return int(key[0]) >> 1
 
 
-def eos_ids(config) -> list[int]:
-    """The ids that end a response, from a model config whose `eos_token_id` is one id or a list of them."""
-    eos = config.eos_token_id
-    return [int(i) for i in eos] if isinstance(eos, list | tuple) else [int(eos)]
+def eos_ids(model_path: str | Path, config) -> list[int]:
+    """The ids that end a response: the model config's `eos_token_id` and those of the folder's
+    generation_config.json, which transformers' `generate` and vLLM stop on too. Chat models often name the token that
+    ends their turn only there (Llama 3 Instruct's <|eot_id|>, Gemma's <end_of_turn>): without it a response would
+    run on to max_new_tokens past its answer."""
+    ids = _listed(config.eos_token_id)
+    generation = Path(model_path) / "generation_config.json"
+    if generation.is_file():
+        ids += _listed(json.loads(generation.read_text()).get("eos_token_id"))
+    return list(dict.fromkeys(ids))
+
+
+def _listed(ids: int | list[int] | None) -> list[int]:
+    """An `eos_token_id` setting (one id, a list of them, or none) as a list."""
+    if ids is None:
+        return []
+    return [int(i) for i in ids] if isinstance(ids, list | tuple) else [int(ids)]
 
 
 def check_lengths(prompts: list[list[int]], sample_ids: list[int], max_new_tokens: int, max_model_len: int) -> None:

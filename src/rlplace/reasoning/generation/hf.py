@@ -47,8 +47,8 @@ class HFEngine:
         self.model = load_causal_lm(model_path, device, dtype)
         config = self.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings
-        self.eos_ids = eos_ids(config)
-        self.pad_id = int(config.pad_token_id) if config.pad_token_id is not None else self.eos_ids[0]
+        self.eos_ids = eos_ids(model_path, config)
+        self.pad_id = int(config.pad_token_id) if config.pad_token_id is not None else next(iter(self.eos_ids), 0)
         self._static: dict[tuple[int, int], StaticDecoder] = {}
         self._pool: Any = None
         self._host = HostCopies()

@@ -100,7 +100,7 @@ class VLLMEngine:
         self.on_gpu = on_gpu
         model_config = self.llm.llm_engine.model_config
         self.max_model_len = model_config.max_model_len
-        self.eos_ids = eos_ids(model_config.hf_config)
+        self.eos_ids = eos_ids(model_path, model_config.hf_config)
 
     def generate(
         self,
