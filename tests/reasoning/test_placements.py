@@ -38,6 +38,8 @@ REASONING = [  # sweep=reasoning_placements on the tiny settings, one step off o
     "algorithm.filter_groups=true",  # dynamic sampling refills micro-batches alike in every placement
     "actor.strategy=fsdp",  # the policy sharded over the actor's ranks, however many the placement gives it
     "actor.max_tokens_per_micro_batch=48",  # 3-5 rows a pass: ranks run unequal pass counts, padded to the most
+    "rollout.eval_samples=2",  # sampled evaluation, answered by 1 rollout rank (disaggregated) and by 2 (hybrid)
+    "rollout.eval_temperature=1.0",
 ]
 REASONING_COMPARED = (
     "rollout/filtered_groups",
@@ -47,6 +49,7 @@ REASONING_COMPARED = (
     "rollout/reward",
     "rollout/response_length",
     "eval/accuracy",
+    "eval/best@2",
 )
 
 

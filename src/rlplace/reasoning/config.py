@@ -157,7 +157,11 @@ class GenerationConfig(ComponentConfig):
     max_new_tokens: int = 8
     """Most tokens generated per response."""
     temperature: float = 1.0
-    """Sampling temperature for training rollouts (evaluation is greedy)."""
+    """Sampling temperature for training rollouts."""
+    eval_samples: int = 1
+    """Answers per held-out problem: 1 gives `eval/accuracy`; k > 1 (sampled) also `eval/best@k`."""
+    eval_temperature: float = 0.0
+    """Sampling temperature for held-out answers: 0 is greedy."""
     micro_batch_prompts: int = 8
     """Prompts per micro-batch streamed rollout -> reward -> inference -> actor."""
     gpu_memory_utilization: float = 0.4
@@ -173,6 +177,14 @@ class GenerationConfig(ComponentConfig):
         BACKENDS.check(self.backend)
         check(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "at least 1")
         check(self.temperature >= 0, "rollout.temperature", self.temperature, "0 (greedy) or more")
+        check(self.eval_samples >= 1, "rollout.eval_samples", self.eval_samples, "at least 1")
+        check(self.eval_temperature >= 0, "rollout.eval_temperature", self.eval_temperature, "0 (greedy) or more")
+        check(
+            self.eval_samples == 1 or self.eval_temperature > 0,
+            "rollout.eval_samples",
+            self.eval_samples,
+            "1 while rollout.eval_temperature = 0 (greedy answers are all the same; sample with a temperature above 0)",
+        )
         check(self.micro_batch_prompts >= 1, "rollout.micro_batch_prompts", self.micro_batch_prompts, "at least 1")
         check(
             0 < self.gpu_memory_utilization <= 1,

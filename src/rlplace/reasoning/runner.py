@@ -10,10 +10,10 @@ Each step:
   4. train                policy (and critic) update, data-parallel over actor ranks
   5. record               time/*, throughput/*, util/*, train/*, rollout/*, reward/*, eval/* -> metrics.jsonl, logger
 With runner.max_staleness = K > 0, rollout/* and reward/* describe the batch trained on (generated K steps earlier) and
-throughput/* the tokens generated during the step. Greedy accuracy on the held-out split is measured before the
-first step, every `runner.eval_interval` steps and after the last; the trained policy is written as a Hugging Face
-folder at the end. With runner.profile=true, profile.json records what the planner needs beside the timeline
-(`reasoning.profile`).
+throughput/* the tokens generated during the step. Accuracy on the held-out split (`reasoning.evaluation`) is
+measured before the first step, every `runner.eval_interval` steps and after the last; the trained policy is written
+as a Hugging Face folder at the end. With runner.profile=true, profile.json records what the planner needs beside the
+timeline (`reasoning.profile`).
 
 Checkpoints (every `runner.save_interval` steps and after the last) hold the actor's state, the micro-batches it has
 not trained on yet (K > 0) and the loop's counters, and nothing of the other groups: their weights are the actor's,
@@ -41,6 +41,7 @@ from rlplace.placement import ComponentPlacement
 from rlplace.planner import PROFILE_FILE
 from rlplace.reasoning import profile
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
+from rlplace.reasoning.evaluation import eval_metrics
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.rewards import METRIC_PREFIX
 from rlplace.reasoning.streams import FILTERED_GROUPS, GENERATION_ROUNDS
@@ -93,7 +94,7 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         self.pipelined = self.placement.mode != "collocated"
         """Stages on separate devices run at once; collocated stages take turns."""
         self.accuracy: list[tuple[int, float]] = []
-        """(step, greedy held-out accuracy) at every evaluation."""
+        """(step, held-out accuracy) at every evaluation."""
         counters = {} if self.carried is None else self.carried.counters  # a re-placed run's so far
         self.eval_seconds = counters.get("eval_seconds", 0.0)
         """Seconds the loop spent evaluating, left out of its training time."""
@@ -183,17 +184,16 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
 
     # --- around the steps ---------------------------------------------------------------------------------------
 
-    def evaluate(self, step: int) -> float:
-        """Greedy accuracy (the mean training reward, "score") of the actor's current weights on the held-out split
-        (its time is left out of the run's training time)."""
+    def evaluate(self, step: int) -> dict[str, float]:
+        """The eval/* metrics (`reasoning.evaluation`) of the actor's current weights on the held-out split (its
+        time is left out of the run's training time)."""
         start = time.perf_counter()
         self.update_rollout_weights()
-        rewards = [r for part in self.rollout.evaluate().wait() for r in part]
-        accuracy = statistics.fmean(rewards)
-        self.accuracy.append((step, accuracy))
+        metrics = eval_metrics([answered for part in self.rollout.evaluate().wait() for answered in part])
+        self.accuracy.append((step, metrics["eval/accuracy"]))
         self.timer.step_metrics()  # its weight sync is not part of the next step's time/* (its spans stay drawn)
         self.eval_seconds += time.perf_counter() - start
-        return accuracy
+        return metrics
 
     def before_run(self) -> None:
         """The evaluation before the first step (a resumed run has it in its restored history)."""
@@ -204,7 +204,7 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
     def after_step(self, step: int, metrics: dict[str, float], last: bool) -> None:
         self.tokens += metrics["rollout/response_tokens"]
         if (step + 1) % self.cfg.runner.eval_interval == 0 or last:
-            metrics["eval/accuracy"] = self.evaluate(step + 1)
+            metrics.update(self.evaluate(step + 1))
 
     def counters(self) -> dict[str, float]:
         return {"tokens": self.tokens, "eval_seconds": self.eval_seconds}

@@ -16,6 +16,7 @@ import torch
 from rlplace.core.weights import StaleWeightsError, receive_state
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
+from rlplace.reasoning.evaluation import Answered, sample_ids
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import SCORE
@@ -23,6 +24,9 @@ from rlplace.reasoning.streams import FILTERED_GROUPS, GENERATION_ROUNDS, consum
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem, encode_prompts
 from rlplace.scheduler import Channel, Worker, timer
+
+EVAL_CHUNK_SAMPLES = 256
+"""Held-out answers generated per engine call."""
 
 
 class LLMRolloutWorker(Worker):
@@ -131,16 +135,25 @@ class LLMRolloutWorker(Worker):
         return pack(index, prompts, responses, problems, self.cfg.rollout.max_new_tokens)
 
     @timer("evaluate")
-    def evaluate(self) -> list[float]:
-        """Greedy answers to this rank's share of the held-out split; returns their rewards (the "score")."""
-        problems = self.source.eval_set()[self.rank :: self.world_size]
-        rewards = []
-        for start in range(0, len(problems), 256):
-            chunk = problems[start : start + 256]
-            batch = self._generate(0, chunk, list(range(len(chunk))), temperature=0.0)
-            texts = self.tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
-            rewards.extend(scores[SCORE] for scores in self.reward.scores(chunk, texts))
-        return rewards
+    def evaluate(self) -> list[Answered]:
+        """This rank's share of the held-out split, each problem answered `rollout.eval_samples` times at
+        `rollout.eval_temperature`, with the answers' scores (`reasoning.evaluation`)."""
+        rollout = self.cfg.rollout
+        problems = self.source.eval_set()
+        mine = range(self.rank, len(problems), self.world_size)
+        per_chunk = max(1, EVAL_CHUNK_SAMPLES // rollout.eval_samples)
+        answered = []
+        for chunk in (mine[start : start + per_chunk] for start in range(0, len(mine), per_chunk)):
+            rows = [problems[i] for i in chunk for _ in range(rollout.eval_samples)]
+            ids = [id_ for i in chunk for id_ in sample_ids(i, rollout.eval_samples)]
+            _, responses = self._tokens(rows, ids, rollout.eval_temperature)
+            texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+            scores = [s[SCORE] for s in self.reward.scores(rows, texts)]
+            for n, i in enumerate(chunk):
+                source = problems[i].extra.get("data_source")
+                answer_scores = scores[n * rollout.eval_samples : (n + 1) * rollout.eval_samples]
+                answered.append(Answered(i, None if source is None else str(source), answer_scores))
+        return answered
 
     @timer("offload")
     def offload(self) -> None:
