@@ -48,6 +48,7 @@ REASONING_COMPARED = (
     "train/grad_norm",
     "rollout/reward",
     "rollout/response_length",
+    "rollout/clip_ratio",
     "eval/accuracy",
     "eval/best@2",
 )

@@ -221,7 +221,12 @@ def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, 
             *(("time/generate_rollouts", "throughput/generation_tokens_per_s") if row in generating else ()),
         ):
             assert key in row, key
-        assert 0 <= row["rollout/reward"] <= 1 and 0 < row["rollout/response_length"] <= 8
+        max_new_tokens = 8 if variant == "disaggregated" else 4
+        assert 0 <= row["rollout/reward"] <= 1 and 0 < row["rollout/response_length"] <= max_new_tokens
+        # Responses cut at max_new_tokens: each of them has max_new_tokens tokens.
+        assert 0 <= row["rollout/clip_ratio"] * max_new_tokens <= row["rollout/response_length"]
+        if variant == "disaggregated":  # an untrained model's 8 tokens seldom include its end token
+            assert row["rollout/clip_ratio"] > 0
     spans = [
         {
             "name": e["name"],

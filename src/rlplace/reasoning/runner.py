@@ -44,7 +44,7 @@ from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.evaluation import eval_metrics
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.rewards import METRIC_PREFIX
-from rlplace.reasoning.streams import FILTERED_GROUPS, GENERATION_ROUNDS
+from rlplace.reasoning.streams import FILTERED_GROUPS, GENERATION_ROUNDS, TRUNCATED
 from rlplace.scheduler import Channel, GroupFuture, WorkerGroup, wait_all
 
 log = logging.getLogger(__name__)
@@ -179,6 +179,7 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
             metrics[FILTERED_GROUPS] = advantages[FILTERED_GROUPS]
             metrics[GENERATION_ROUNDS] = advantages[GENERATION_ROUNDS] / self.num_micro_batches
         metrics["rollout/response_length"] = advantages["response_tokens"] / advantages["rows"]
+        metrics["rollout/clip_ratio"] = advantages[TRUNCATED] / advantages["rows"]
         metrics["rollout/response_tokens"] = advantages["response_tokens"]
         return metrics
 

@@ -25,6 +25,9 @@ from .backends import BACKENDS
 class GenerationEngine(Protocol):
     """Generates responses token by token; weights can be replaced while it keeps running."""
 
+    eos_ids: list[int]
+    """The token ids that end a response (`eos_ids`)."""
+
     def generate(
         self,
         prompts: list[list[int]],

@@ -20,7 +20,13 @@ from rlplace.reasoning.evaluation import Answered, sample_ids
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import SCORE
-from rlplace.reasoning.streams import FILTERED_GROUPS, GENERATION_ROUNDS, consumer_key, micro_batches_of
+from rlplace.reasoning.streams import (
+    FILTERED_GROUPS,
+    GENERATION_ROUNDS,
+    TRUNCATED,
+    consumer_key,
+    micro_batches_of,
+)
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem, encode_prompts
 from rlplace.scheduler import Channel, Worker, timer
@@ -108,10 +114,15 @@ class LLMRolloutWorker(Worker):
                 break
         samples = (kept + dropped)[: size * group]
         batch = pack(index, *map(list, zip(*samples, strict=True)), self.cfg.rollout.max_new_tokens)
+        batch.meta[TRUNCATED] = float(sum(self._truncated(response) for _, response, _ in samples))
         if alg.filter_groups:
             batch.meta[FILTERED_GROUPS] = float(len(dropped) // group)
             batch.meta[GENERATION_ROUNDS] = float(round_ + 1)
         return batch
+
+    def _truncated(self, response: list[int]) -> bool:
+        """The response was cut at max_new_tokens before any of the model's end tokens."""
+        return len(response) == self.cfg.rollout.max_new_tokens and response[-1] not in self.engine.eos_ids
 
     @torch.no_grad()
     def _tokens(
