@@ -37,16 +37,44 @@ def test_the_tiny_qwen2_folder_loads_as_a_user_checkpoint_does(tmp_path: Path) -
     assert tokenizer.decode(tokenizer("Ava has 3 apples.\n#### 3")["input_ids"]) == "Ava has 3 apples.\n#### 3"
 
 
+def _sharded(folder: Path, split: str, suffixes: tuple[str, ...], count: int | None = None) -> list[Path]:
+    """The first `count` records of the shipped `split` (all: None) cut into one file per suffix, each record naming
+    its shard as its `data_source` (as verl's files name their benchmark)."""
+    import datasets
+
+    lines = (word_problems.DATA_DIR / f"{split}.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines[:count]]
+    shards = len(suffixes)
+    folder.mkdir(exist_ok=True)
+    paths = []
+    for shard, suffix in zip(range(shards), suffixes, strict=True):
+        part = [{**r, "data_source": f"{split}{shard}"} for r in records[shard::shards]]
+        path = folder / f"{split}-{shard}{suffix}"
+        if suffix == ".parquet":
+            datasets.Dataset.from_list(part).to_parquet(str(path))
+        else:
+            path.write_text("".join(json.dumps(r) + "\n" for r in part))
+        paths.append(path)
+    return paths
+
+
 @pytest.mark.slow
 def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
-    tiny = [  # a short pretraining (2 steps of 16), small batches and an eval split of 8 held out of the training file
+    """On the shipped problems in shards as a user's data comes: the training split as a glob pattern of JSONL
+    shards and a Parquet file, the held-out split as a list of two files from two sources, answered twice each."""
+    data = tmp_path / "data"
+    _sharded(data, "train", (".jsonl", ".jsonl", ".parquet"))
+    evals = _sharded(data, "test", (".jsonl", ".jsonl"), count=8)
+    tiny = [  # a short pretraining (2 steps of 16), small batches, and 8 held-out problems answered twice each
         "model.pretrain.max_steps=2",
         "model.pretrain.eval_interval=2",
         "model.pretrain.batch_size=16",
-        "task.eval_path=null",
-        "task.eval_size=8",
+        f"task.train_path=[{data}/train-*.jsonl,{data}/train-2.parquet]",
+        f"task.eval_path=[{evals[0]},{evals[1]}]",
         "task.prompts_per_step=4",
         "rollout.micro_batch_prompts=2",
+        "rollout.eval_samples=2",
+        "rollout.eval_temperature=1.0",
         "algorithm.group_size=4",
         "runner.max_steps=2",
         "logger=jsonl",
@@ -64,5 +92,9 @@ def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
     assert [row["step"] for row in rows] == [0, 1]
     for key in ("reward/score", "reward/correct", "reward/format", "train/policy_loss", "rollout/response_length"):
         assert key in rows[0], key
+    last = rows[-1]  # evaluated after the last step; two sources of 4 problems: the mean is the mean of their means
+    sources = [last["eval/accuracy/test0"], last["eval/accuracy/test1"]]
+    assert last["eval/accuracy"] == pytest.approx(sum(sources) / 2)
+    assert last["eval/accuracy"] <= last["eval/best@2"] <= 1
     assert load_tokenizer(run_dir / "final_model").chat_template is not None
     assert next((tmp_path / "pretrained").glob("tiny_qwen2-dataset-*/pretrain.json"))

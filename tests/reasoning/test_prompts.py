@@ -11,7 +11,7 @@ import pytest
 from rlplace.core.errors import ConfigError
 from rlplace.reasoning.rewards import exact_match
 from rlplace.reasoning.tasks.arithmetic import ArithmeticTaskConfig
-from rlplace.reasoning.tasks.dataset import DatasetTask, DatasetTaskConfig
+from rlplace.reasoning.tasks.dataset import DatasetTask, DatasetTaskConfig, data_files
 from rlplace.reasoning.tasks.prompts import Problem, PromptSource
 
 
@@ -43,7 +43,9 @@ def _write(path: Path, lines: list[str]) -> str:
     return str(path)
 
 
-def dataset_task(train: str, evals: str | None, seed: int, eval_size: int = 200, **keys: object) -> DatasetTask:
+def dataset_task(
+    train: str | list[str], evals: str | list[str] | None, seed: int, eval_size: int = 200, **keys: object
+) -> DatasetTask:
     return DatasetTaskConfig(
         train_path=train, eval_path=evals, data_seed=seed, eval_size=eval_size, **keys
     ).prompt_source()
@@ -137,6 +139,35 @@ def test_missing_files_are_refused_naming_the_key_and_path(tmp_path: Path) -> No
     train = _write(tmp_path / "train.jsonl", _records(3))
     with pytest.raises(ValueError, match=re.escape(f"task.eval_path = {missing!r} is invalid: no such file")):
         dataset_task(train, missing, seed=0)
+
+
+def test_a_glob_pattern_and_a_list_of_files_read_in_order(tmp_path: Path) -> None:
+    for shard in range(3):  # written out of order: a pattern's matches are read sorted by name
+        _write(tmp_path / f"train-{2 - shard}.jsonl", _records(2, start=10 * (2 - shard)))
+    evals = _write(tmp_path / "test.jsonl", _records(2, start=100))
+    task = dataset_task(str(tmp_path / "train-*.jsonl"), evals, seed=0)
+    assert sorted(p.prompt for p in task.train_batch(0, 6)) == sorted(f"{i}+1=" for i in (0, 1, 10, 11, 20, 21))
+    paths = [str(tmp_path / "train-2.jsonl"), str(tmp_path / "train-[01].jsonl")]
+    assert [p.prompt for p in dataset_task(paths, [evals, evals], seed=0).eval_set()] == ["100+1=", "101+1="] * 2
+    config = DatasetTaskConfig(train_path=paths, eval_path=evals)
+    assert [str(file) for _, file in data_files(config.train_path, "task.train_path")] == [
+        str(tmp_path / f"train-{shard}.jsonl") for shard in (2, 0, 1)
+    ]
+
+
+def test_patterns_folders_and_entries_that_name_no_file_are_refused(tmp_path: Path) -> None:
+    train = _write(tmp_path / "train.jsonl", _records(3))
+    pattern = str(tmp_path / "shard-*.parquet")
+    with pytest.raises(ConfigError, match=re.escape(f"task.train_path[1] = {pattern!r} is invalid: no file matches")):
+        dataset_task([train, pattern], None, seed=0, eval_size=1)
+    with pytest.raises(ConfigError, match=re.escape(f"task.eval_path = {str(tmp_path)!r} is invalid: a folder; name")):
+        dataset_task(train, str(tmp_path), seed=0)
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ConfigError, match=r"it matches notes.txt, but the suffix must be one of .jsonl"):
+        dataset_task(str(tmp_path / "*"), None, seed=0, eval_size=1)
+    for bad in ([], [train, 3], ""):
+        with pytest.raises(ConfigError, match=r"task.train_path = .* is invalid: a JSONL, JSON or Parquet file"):
+            DatasetTaskConfig(train_path=bad)
 
 
 @pytest.mark.parametrize(

@@ -7,16 +7,20 @@ reward reads). A dotted key that is not a key of the record names a nested field
 chat turns under `prompt` and the answer under `reward_model.ground_truth`. Every other field of a record travels
 with the problem (`Problem.extra`) to the reward function.
 
-JSON Lines files are read line by line, so that an error names its line; JSON and Parquet files by `datasets`.
-The driver reads and checks the files before Ray starts (`checks.check_reasoning` builds the prompt source): a file
-that is missing or unreadable, a line that is not a JSON object, a record without a named key or with an empty
-value, and a held-out split larger than the data are refused in one line naming the file, the line and the key.
-Workers read the files again through the same code. Batches are a pure function of (seed, step), as for every task:
-each epoch walks the training problems in an order seeded by (seed, epoch).
+`task.train_path` and `task.eval_path` name one file, a glob pattern of files (a sharded dataset's
+`train-*.parquet`), or a list of both (`task.train_path=[/data/gsm8k/train.parquet,/data/math/train.parquet]`, as
+verl's `data.train_files`), read in order into one set of problems. JSON Lines files are read line by line, so that
+an error names its line; JSON and Parquet files by `datasets`. The driver reads and checks the files before Ray starts
+(`checks.check_reasoning` builds the prompt source): a file that is missing or unreadable, a line that is not a JSON
+object, a record without a named key or with an empty value, and a held-out split larger than the data are refused
+in one line naming the file, the line and the key. Workers read the files again through the same code. Batches are a
+pure function of (seed, step), as for every task: each epoch walks the training problems in an order seeded by
+(seed, epoch).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import tempfile
 from collections.abc import Mapping
@@ -32,6 +36,8 @@ from .registry import ReasoningTaskConfig
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 """File suffix -> the `datasets` builder that reads it."""
 ROLES = ("system", "user", "assistant")
+DATA_FILES = "a JSONL, JSON or Parquet file, a glob pattern of them, or a list of files and patterns"
+GLOB_CHARACTERS = "*?["
 
 
 @dataclass
@@ -39,10 +45,12 @@ class DatasetTaskConfig(ReasoningTaskConfig):
     """`task=dataset`: problems read from your files (`DatasetTask`)."""
 
     name: str = "dataset"
-    train_path: str | None = None
-    """A JSONL, JSON or Parquet file of records to train on."""
-    eval_path: str | None = None
-    """Held-out records; None holds out `eval_fraction` (or else `eval_size`) of the train_path records."""
+    train_path: Any = None
+    """The records to train on: a JSONL, JSON or Parquet file, a glob pattern of such files (a sharded dataset's
+    `train-*.parquet`), or a list of files and patterns (verl's `data.train_files`), read in that order."""
+    eval_path: Any = None
+    """Held-out records, named as train_path's are; None holds out `eval_fraction` (or else `eval_size`) of the
+    train_path records."""
     eval_fraction: float | None = None
     """With no eval_path: the share of train_path records held out (overrides eval_size)."""
     prompt_key: str = "prompt"
@@ -56,7 +64,11 @@ class DatasetTaskConfig(ReasoningTaskConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.train_path is not None, "task.train_path", self.train_path, "a JSONL, JSON or Parquet file")
+        check(self.train_path is not None, "task.train_path", self.train_path, DATA_FILES)
+        for key, value in (("task.train_path", self.train_path), ("task.eval_path", self.eval_path)):
+            if value is not None:
+                entries = value if isinstance(value, list | tuple) else [value]
+                check(bool(entries) and all(isinstance(e, str) and e for e in entries), key, value, DATA_FILES)
         if self.eval_fraction is not None:
             check(0 < self.eval_fraction < 1, "task.eval_fraction", self.eval_fraction, "in (0, 1), or null")
 
@@ -127,21 +139,51 @@ class DatasetTask:
         return self._order
 
 
-def read_problems(path: str | Path, key: str, cfg: DatasetTaskConfig) -> list[Problem]:
-    """The problems of one file; ConfigError in one line naming `key`, the file, the line (JSONL) or record, and
-    what is wrong."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(f"{key} = {str(path)!r} is invalid: no such file")
-    if file.suffix not in FORMATS:
-        raise ConfigError(f"{key} = {str(path)!r} is invalid: the suffix must be one of {', '.join(FORMATS)}")
-    if file.suffix == ".jsonl":
-        numbered = [(f"{key}: {file}:{number}", record) for number, record in _json_lines(file, key)]
-    else:
-        numbered = [(f"{key}: {file} record {i}", record) for i, record in enumerate(_read_table(file, key), start=1)]
-    if not numbered:
-        raise ConfigError(f"{key} = {str(path)!r} is invalid: the file holds no records")
-    return [_problem(record, where, cfg) for where, record in numbered]
+def read_problems(paths: str | list[str], key: str, cfg: DatasetTaskConfig) -> list[Problem]:
+    """The problems of the files `paths` names (`data_files`), in order; ConfigError in one line naming `key`, the
+    file, the line (JSONL) or record, and what is wrong."""
+    problems = []
+    for item_key, file in data_files(paths, key):
+        if file.suffix == ".jsonl":
+            numbered = [(f"{item_key}: {file}:{number}", record) for number, record in _json_lines(file, item_key)]
+        else:
+            records = _read_table(file, item_key)
+            numbered = [(f"{item_key}: {file} record {i}", record) for i, record in enumerate(records, start=1)]
+        if not numbered:
+            raise ConfigError(f"{item_key} = {str(file)!r} is invalid: the file holds no records")
+        problems += [_problem(record, where, cfg) for where, record in numbered]
+    return problems
+
+
+def data_files(paths: str | list[str], key: str) -> list[tuple[str, Path]]:
+    """The files a train_path or eval_path value names, each with the key that names it in errors
+    (`task.train_path[1]` for a list's second entry): a file as it is, a glob pattern's matches sorted by name.
+    ConfigError naming the key and the entry for a missing file, a pattern nothing matches, a folder (its files must
+    be named: it may hold other splits) and a suffix that is not a data format's."""
+    entries = [(key, paths)] if isinstance(paths, str) else [(f"{key}[{i}]", p) for i, p in enumerate(paths)]
+    files = []
+    for item_key, entry in entries:
+        path = Path(entry).expanduser()
+        if any(c in entry for c in GLOB_CHARACTERS):
+            matched = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
+            if not matched:
+                raise ConfigError(f"{item_key} = {entry!r} is invalid: no file matches it")
+        elif path.is_dir():
+            raise ConfigError(
+                f"{item_key} = {entry!r} is invalid: a folder; name its files, e.g. {str(path / '*.parquet')!r}"
+            )
+        elif not path.is_file():
+            raise ConfigError(f"{item_key} = {entry!r} is invalid: no such file")
+        else:
+            matched = [path]
+        for file in matched:
+            if file.suffix not in FORMATS:
+                matches = "" if file == path else f"it matches {file.name}, but "
+                raise ConfigError(
+                    f"{item_key} = {entry!r} is invalid: {matches}the suffix must be one of {', '.join(FORMATS)}"
+                )
+            files.append((item_key, file))
+    return files
 
 
 def _read_table(file: Path, key: str) -> list[dict[str, Any]]:
