@@ -217,3 +217,26 @@ def test_a_reward_that_cannot_be_used_is_refused_in_one_line(tmp_path: Path, spe
         reward_function(spec)
     assert "\n" not in str(refused.value)
     assert "valid: " in str(refused.value) or "is not callable" in str(refused.value)
+
+
+def test_a_short_response_is_scored_without_the_padding_after_it() -> None:
+    """Responses travel right-padded with id 0, which in Qwen's and Llama 3's vocabularies is "!", not a special
+    token: the reward must read only what was generated."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from rlplace.reasoning.workers.rollout import pack
+
+    vocab = {"!": 0, "<eos>": 1, "=": 2, **{str(d): 3 + d for d in range(10)}}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="!"))
+    words.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    words.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, eos_token="<eos>")
+    problems = [Problem("3+4=", "7"), Problem("40+2=", "42")]
+    prompts = [tokenizer("3+4=")["input_ids"], tokenizer("40+2=")["input_ids"]]
+    batch = pack(0, prompts, [[10, 1], [7, 5]], problems, width=6)  # "7<eos>", "42" (cut at max_new_tokens)
+    assert batch.responses[0].tolist() == [10, 1, 0, 0, 0, 0]
+    texts = tokenizer.batch_decode(batch.response_ids(), skip_special_tokens=True)
+    assert texts == ["7", "42"]
+    assert [s["score"] for s in reward_function("exact_match").scores(problems, texts)] == [1.0, 1.0]
+    assert tokenizer.batch_decode(batch.responses, skip_special_tokens=True)[0] == "7!!!!"  # what it read before

@@ -61,6 +61,11 @@ class SequenceBatch:
     def num_rows(self) -> int:
         return int(self.prompts.shape[0])
 
+    def response_ids(self) -> list[list[int]]:
+        """Each row's generated tokens without the padding after them, to decode: the pad id 0 is a real token of
+        many vocabularies (Qwen's and Llama 3's "!"), which `skip_special_tokens` would keep."""
+        return [row[mask.bool()].tolist() for row, mask in zip(self.responses, self.response_mask, strict=True)]
+
     @staticmethod
     def concat(parts: list[SequenceBatch]) -> SequenceBatch:
         """One batch of every part's rows, in micro-batch order; prompts re-padded on the left to a common width."""

@@ -54,7 +54,7 @@ class RewardWorker(Worker):
 
     def score(self, batch: SequenceBatch) -> list[Scores]:
         """The named scores of each decoded response: the rule reward's, joined with the reward model's if any."""
-        texts = self.tokenizer.batch_decode(batch.responses, skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(batch.response_ids(), skip_special_tokens=True)
         scores = self.reward.scores(batch.problems, texts)
         if self.model is None:
             return scores
