@@ -8,12 +8,15 @@ from pathlib import Path
 import pytest
 
 from rlplace.core.errors import ConfigError
+from rlplace.core.registry import load_file
 from rlplace.reasoning.rewards import (
     REWARDS,
+    Decoded,
     RewardFunction,
     absolute,
     answer_format,
     boxed,
+    decode,
     gsm8k,
     gsm8k_number,
     last_boxed,
@@ -22,6 +25,11 @@ from rlplace.reasoning.rewards import (
 from rlplace.reasoning.tasks.prompts import Problem
 
 GSM8K_SOLUTION = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
+
+
+def responses(*texts: str) -> Decoded:
+    """`Decoded` texts for rewards of one response, which read the responses alone."""
+    return Decoded(list(texts), [""] * len(texts), list(texts))
 
 
 def score(reward, response: str, answer: str) -> float:
@@ -118,14 +126,14 @@ def test_every_response_is_scored_through_one_function() -> None:
     """A float becomes {"score": it}; a dict keeps its names; a dict without "score", a non-number, or names that
     differ between responses are refused naming reward.function."""
     problems = [Problem("1+1=", "2"), Problem("2+2=", "4", extra={"unit": "apples"})]
-    assert reward_function("exact_match").scores(problems, ["2", "5"]) == [{"score": 1.0}, {"score": 0.0}]
+    assert reward_function("exact_match").scores(problems, responses("2", "5")) == [{"score": 1.0}, {"score": 0.0}]
     seen = []
 
     def spy(prompt: str, response: str, answer: str, extra) -> dict[str, float]:
         seen.append((prompt, response, answer, dict(extra)))
         return {"score": 1, "length": len(response)}
 
-    assert RewardFunction("spy", spy).scores(problems, ["2", "four"]) == [
+    assert RewardFunction("spy", spy).scores(problems, responses("2", "four")) == [
         {"score": 1.0, "length": 1.0},
         {"score": 1.0, "length": 4.0},
     ]
@@ -136,7 +144,7 @@ def test_every_response_is_scored_through_one_function() -> None:
         RewardFunction("bad", lambda *_: "yes")("q", "r", "a", {})
     with pytest.raises(ValueError, match="reward.function = 'ragged' returned different names"):
         RewardFunction("ragged", lambda p, r, a, e: {"score": 1.0} | ({"x": 1.0} if r else {})).scores(
-            problems, ["", "y"]
+            problems, responses("", "y")
         )
 
 
@@ -188,11 +196,47 @@ def test_a_reward_written_for_verl_is_called_as_verl_calls_it(tmp_path: Path) ->
     record = {"data_source": "openai/gsm8k", "extra_info": {"split": "train", "index": 7}, "ability": "math"}
     problem = Problem("What is 48+24?", "72", extra=record)
     reward = reward_function(f"{file}:compute_score")
-    assert reward.scores([problem, problem], ["#### 72", "#### 71"]) == [
+    assert reward.scores([problem, problem], responses("#### 72", "#### 71")) == [
         {"score": 1.0, "index": 7.0},
         {"score": 0.0, "index": 7.0},
     ]
     assert reward_function(f"{file}:without_extra_info")("q", "72", "72", record) == {"score": 1.0}
+
+
+OPENRLHF_FILE = """\
+import torch
+
+calls = []
+
+
+def reward_func(queries, prompts, labels):
+    calls.append((queries, prompts, labels))
+    rewards = torch.tensor([float(q[len(p):].startswith(l)) for q, p, l in zip(queries, prompts, labels)])
+    return {"rewards": rewards, "scores": rewards, "extra_logs": {"length": torch.tensor([len(q) for q in queries])}}
+
+
+def plain(queries, prompts, labels, **kwargs):
+    return [0.5] * len(queries)
+
+
+def ragged(queries, prompts, labels):
+    return [1.0]
+"""
+
+
+def test_a_reward_written_for_openrlhf_scores_a_batch_as_openrlhf_calls_it(tmp_path: Path) -> None:
+    """OpenRLHF's `reward_func(queries, prompts, labels)`: one call per batch with the prompts as the model was asked
+    them and the queries with special tokens; its rewards and extra_logs become the named scores."""
+    file = tmp_path / "reward_func.py"
+    file.write_text(OPENRLHF_FILE)
+    problems = [Problem("3+4=", "7"), Problem("40+2=", "42")]
+    decoded = Decoded(["7", "41"], ["<s>3+4=", "<s>40+2="], ["<s>3+4=7</s>", "<s>40+2=41</s>"])
+    reward = reward_function(f"{file}:reward_func")
+    assert reward.scores(problems, decoded) == [{"score": 1.0, "length": 12.0}, {"score": 0.0, "length": 14.0}]
+    assert load_file(str(file), "calls") == [(decoded.queries, decoded.prompts, ["7", "42"])]
+    assert reward_function(f"{file}:plain").scores(problems, decoded) == [{"score": 0.5}, {"score": 0.5}]
+    with pytest.raises(TypeError, match=r"'.*:ragged' returned \[1.0\]: an OpenRLHF reward returns 2 rewards"):
+        reward_function(f"{file}:ragged").scores(problems, decoded)
 
 
 @pytest.mark.parametrize(
@@ -227,16 +271,16 @@ def test_a_short_response_is_scored_without_the_padding_after_it() -> None:
 
     from rlplace.reasoning.workers.rollout import pack
 
-    vocab = {"!": 0, "<eos>": 1, "=": 2, **{str(d): 3 + d for d in range(10)}}
+    vocab = {"!": 0, "<eos>": 1, "=": 2, "+": 3, **{str(d): 4 + d for d in range(10)}}
     words = Tokenizer(models.WordLevel(vocab, unk_token="!"))
     words.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     words.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, eos_token="<eos>")
     problems = [Problem("3+4=", "7"), Problem("40+2=", "42")]
     prompts = [tokenizer("3+4=")["input_ids"], tokenizer("40+2=")["input_ids"]]
-    batch = pack(0, prompts, [[10, 1], [7, 5]], problems, width=6)  # "7<eos>", "42" (cut at max_new_tokens)
-    assert batch.responses[0].tolist() == [10, 1, 0, 0, 0, 0]
-    texts = tokenizer.batch_decode(batch.response_ids(), skip_special_tokens=True)
-    assert texts == ["7", "42"]
-    assert [s["score"] for s in reward_function("exact_match").scores(problems, texts)] == [1.0, 1.0]
+    batch = pack(0, prompts, [[11, 1], [8, 6]], problems, width=6)  # "7<eos>", "42" (cut at max_new_tokens)
+    assert batch.responses[0].tolist() == [11, 1, 0, 0, 0, 0]
+    decoded = decode(tokenizer, batch.prompt_ids(), batch.response_ids())
+    assert decoded == Decoded(["7", "42"], ["3+4=", "40+2="], ["3+4=7<eos>", "40+2=42"])
+    assert [s["score"] for s in reward_function("exact_match").scores(problems, decoded)] == [1.0, 1.0]
     assert tokenizer.batch_decode(batch.responses, skip_special_tokens=True)[0] == "7!!!!"  # what it read before

@@ -61,6 +61,10 @@ class SequenceBatch:
     def num_rows(self) -> int:
         return int(self.prompts.shape[0])
 
+    def prompt_ids(self) -> list[list[int]]:
+        """Each row's prompt tokens without the padding before them."""
+        return [row[mask.bool()].tolist() for row, mask in zip(self.prompts, self.prompt_mask, strict=True)]
+
     def response_ids(self) -> list[list[int]]:
         """Each row's generated tokens without the padding after them, to decode: the pad id 0 is a real token of
         many vocabularies (Qwen's and Llama 3's "!"), which `skip_special_tokens` would keep."""

@@ -35,7 +35,7 @@ from rlplace.reasoning.models.hf_folder import check_model_folder
 from rlplace.reasoning.models.registry import MODELS
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.reasoning.models.tokenizer import load_tokenizer
-from rlplace.reasoning.rewards import SCORE, RewardFunction
+from rlplace.reasoning.rewards import SCORE, RewardFunction, decode
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem, PromptSource, encode_prompts
 from rlplace.reasoning.tasks.registry import ReasoningTaskConfig
@@ -270,8 +270,8 @@ def greedy_accuracy(
     if not problems:
         raise ValueError("greedy_accuracy needs at least one problem")
     prompts = encode_prompts(tokenizer, problems, task)
-    responses = greedy_responses(model, tokenizer, prompts, max_new_tokens, batch_size)
-    return sum(scores[SCORE] for scores in reward.scores(problems, responses)) / len(problems)
+    decoded = decode(tokenizer, prompts, greedy_responses(model, tokenizer, prompts, max_new_tokens, batch_size))
+    return sum(scores[SCORE] for scores in reward.scores(problems, decoded)) / len(problems)
 
 
 @torch.no_grad()
@@ -281,16 +281,16 @@ def greedy_responses(
     prompts: Sequence[list[int]],
     max_new_tokens: int,
     batch_size: int = 256,
-) -> list[str]:
-    """Greedy continuation of each prompt (token ids), decoded without special tokens; prompts are left-padded in
-    batches.
+) -> list[list[int]]:
+    """Greedy continuation of each prompt (token ids): its tokens up to and with the first EOS; prompts are
+    left-padded in batches.
 
     With left padding every prompt ends where generation starts, and generate derives position ids from the
     attention mask, so each response is the one the prompt alone would get.
     """
     was_training = model.training
     model.eval()
-    responses: list[str] = []
+    responses: list[list[int]] = []
     for first in range(0, len(prompts), batch_size):
         chunk = {"input_ids": list(prompts[first : first + batch_size])}
         enc = tokenizer.pad(chunk, return_tensors="pt", padding=True, padding_side="left")
@@ -302,6 +302,8 @@ def greedy_responses(
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
-        responses += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        for row in out[:, enc["input_ids"].shape[1] :].tolist():
+            ends = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+            responses.append(row[:ends])
     model.train(was_training)
     return responses

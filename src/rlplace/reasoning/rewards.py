@@ -9,8 +9,10 @@ float is logged as `reward/score`). Everything that scores (the reward workers, 
 
 A function written for verl, `compute_score(data_source, solution_str, ground_truth, extra_info)`, is recognised by
 its first parameter and called as verl calls it, with the record's `data_source` and `extra_info` fields
-(`VerlReward`), so verl's rewards and preprocessed files work unchanged; any other function must accept
-`(prompt, response, answer, extra)`, checked on the driver.
+(`VerlReward`), so verl's rewards and preprocessed files work unchanged. One written for OpenRLHF (`--remote_rm_url
+reward_func.py`), `reward_func(queries, prompts, labels)`, is recognised the same way and called once per batch as
+OpenRLHF calls it (`OpenRLHFReward`). Any other function must accept `(prompt, response, answer, extra)`, checked on
+the driver.
 
 The built-ins: `exact_match` (the arithmetic task's), `gsm8k` (the number after the last `####`), `boxed` (the last
 `\\boxed{...}`, compared by math-verify), `format` (the answer ends in one of those two forms), and
@@ -25,7 +27,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rlplace.core.errors import ConfigError
 from rlplace.core.registry import Registry, load, load_file
@@ -173,13 +175,36 @@ def with_model(rule: Scores, model: float, weight: float) -> Scores:
     return {**rule, RULE: rule[SCORE], MODEL: model, SCORE: (1 - weight) * rule[SCORE] + weight * model}
 
 
+class Decoded(NamedTuple):
+    """A batch's responses as text, in the forms rewards read."""
+
+    responses: list[str]
+    """Each response without special tokens: what `(prompt, response, answer, extra)` rewards get."""
+    prompts: list[str]
+    """Each prompt as the model was asked it (system prompt and chat template rendered), special tokens kept."""
+    queries: list[str]
+    """Prompt and response together, special tokens kept (the response's end token included): OpenRLHF's
+    `queries`."""
+
+
+def decode(tokenizer: Any, prompt_ids: Sequence[list[int]], response_ids: Sequence[list[int]]) -> Decoded:
+    """`Decoded` texts of unpadded prompt and response token ids."""
+    queries = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
+    return Decoded(
+        tokenizer.batch_decode(list(response_ids), skip_special_tokens=True),
+        tokenizer.batch_decode(list(prompt_ids)),
+        tokenizer.batch_decode(queries),
+    )
+
+
 @dataclass(frozen=True)
 class RewardFunction:
     """The reward `reward.function` names, and the one way every part of a run scores a response with it."""
 
     spec: str
     """The `reward.function` value it was loaded from (named in errors)."""
-    function: Reward
+    function: Reward | OpenRLHFReward
+    """A reward of one response, or an OpenRLHF one of a batch (which `scores` calls, `__call__` cannot)."""
 
     def __call__(self, prompt: str, response: str, answer: str, extra: Mapping[str, Any]) -> Scores:
         """The named scores of `response`: a float reward becomes {"score": it}. TypeError naming `reward.function`
@@ -193,10 +218,15 @@ class RewardFunction:
             )
         return {name: float(v) for name, v in named.items()}
 
-    def scores(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Scores]:
-        """The named scores of each response to its problem. ValueError naming `reward.function` when two responses
-        get different names: `reward/<name>` is a mean over every response of the step."""
-        scored = [self(p.prompt, r, p.answer, p.extra) for p, r in zip(problems, responses, strict=True)]
+    def scores(self, problems: Sequence[Problem], decoded: Decoded) -> list[Scores]:
+        """The named scores of each response to its problem: one call per response, or one per batch for an OpenRLHF
+        function. ValueError naming `reward.function` when two responses get different names: `reward/<name>` is a
+        mean over every response of the step."""
+        if isinstance(self.function, OpenRLHFReward):
+            scored = self.function.scores(self.spec, decoded, [p.answer for p in problems])
+        else:
+            pairs = zip(problems, decoded.responses, strict=True)
+            scored = [self(p.prompt, response, p.answer, p.extra) for p, response in pairs]
         names = {tuple(s) for s in scored}
         if len(names) > 1:
             raise ValueError(
@@ -227,14 +257,53 @@ class VerlReward:
         return self.function(**given)
 
 
-def _callable_as_reward(spec: str, found: Callable[..., Any]) -> Reward:
-    """`found` as a `Reward`: a verl reward adapted (`VerlReward`), any other checked to accept
-    (prompt, response, answer, extra). ConfigError naming `reward.function` when it cannot."""
+OPENRLHF_PARAMETERS = ("queries", "prompts", "labels")
+"""The parameters of an OpenRLHF reward function (`reward_func` of the file `--remote_rm_url` names)."""
+
+
+@dataclass(frozen=True)
+class OpenRLHFReward:
+    """A reward written for OpenRLHF, called once per batch as OpenRLHF calls it: `queries` (prompt and response
+    with special tokens), `prompts` (as the model was asked them), `labels` (the reference answers). It returns the
+    rewards (a tensor, array or list), or a dict of them under "rewards" with per-response `extra_logs`, each logged
+    as `reward/<name>`. Its "scores" (OpenRLHF filters groups on them) are not read: `algorithm.filter_groups` filters
+    on the training reward."""
+
+    function: Callable[..., Any]
+
+    def scores(self, spec: str, decoded: Decoded, labels: list[str]) -> list[Scores]:
+        """Each response's named scores; TypeError naming `reward.function` for a result of another shape."""
+        rows = len(labels)
+        value = self.function(decoded.queries, decoded.prompts, labels)
+        named = {SCORE: value.get("rewards"), **(value.get("extra_logs") or {})} if isinstance(value, Mapping) else {}
+        columns = {name: _per_row(values, rows) for name, values in (named or {SCORE: value}).items()}
+        bad = [name for name, column in columns.items() if column is None]
+        if bad:
+            raise TypeError(
+                f"{KEY} = {spec!r} returned {value!r}: an OpenRLHF reward returns {rows} rewards (a tensor, array or "
+                'list), or a dict with them under "rewards" and an "extra_logs" dict of as many values per name'
+            )
+        return [{name: column[i] for name, column in columns.items()} for i in range(rows)]  # type: ignore[index]
+
+
+def _per_row(values: Any, rows: int) -> list[float] | None:
+    """`values` (a tensor, array or sequence of `rows` numbers) as floats; None when it is not that."""
+    values = values.tolist() if hasattr(values, "tolist") else values
+    if not isinstance(values, Sequence) or len(values) != rows or not all(isinstance(v, int | float) for v in values):
+        return None
+    return [float(v) for v in values]
+
+
+def _callable_as_reward(spec: str, found: Callable[..., Any]) -> Reward | OpenRLHFReward:
+    """`found` as a reward: an OpenRLHF or verl reward adapted (`OpenRLHFReward`, `VerlReward`), any other checked to
+    accept (prompt, response, answer, extra). ConfigError naming `reward.function` when it cannot."""
     try:
         signature = inspect.signature(found)
     except (TypeError, ValueError):  # a callable without a signature Python can read: called as it is
         return found
     parameters = signature.parameters
+    if tuple(parameters)[: len(OPENRLHF_PARAMETERS)] == OPENRLHF_PARAMETERS:
+        return OpenRLHFReward(found)
     if tuple(parameters)[: len(VERL_PARAMETERS)] == VERL_PARAMETERS:
         takes = "extra_info" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
         return VerlReward(found, takes_extra_info=takes)
@@ -243,7 +312,8 @@ def _callable_as_reward(spec: str, found: Callable[..., Any]) -> Reward:
     except TypeError as error:
         raise ConfigError(
             f"{KEY} = {spec!r} cannot be called as a reward ({error}); valid: a function of (prompt, response, "
-            f"answer, extra), or verl's ({', '.join(VERL_PARAMETERS)}, extra_info)"
+            f"answer, extra), verl's ({', '.join(VERL_PARAMETERS)}, extra_info) or OpenRLHF's "
+            f"({', '.join(OPENRLHF_PARAMETERS)})"
         ) from None
     return found
 

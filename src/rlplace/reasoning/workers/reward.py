@@ -17,7 +17,7 @@ from rlplace.core.offload import HostCopies, move
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.tokenizer import load_tokenizer
-from rlplace.reasoning.rewards import METRIC_PREFIX, SCORE, Scores, with_model
+from rlplace.reasoning.rewards import METRIC_PREFIX, SCORE, Scores, decode, with_model
 from rlplace.reasoning.streams import consumer_key, micro_batches_of
 from rlplace.scheduler import Channel, Worker, timer
 
@@ -54,12 +54,12 @@ class RewardWorker(Worker):
 
     def score(self, batch: SequenceBatch) -> list[Scores]:
         """The named scores of each decoded response: the rule reward's, joined with the reward model's if any."""
-        texts = self.tokenizer.batch_decode(batch.response_ids(), skip_special_tokens=True)
-        scores = self.reward.scores(batch.problems, texts)
+        decoded = decode(self.tokenizer, batch.prompt_ids(), batch.response_ids())
+        scores = self.reward.scores(batch.problems, decoded)
         if self.model is None:
             return scores
         weight = self.cfg.reward.model_weight
-        model = self.model.score(batch.problems, texts)
+        model = self.model.score(batch.problems, decoded.responses)
         return [with_model(rule, m, weight) for rule, m in zip(scores, model, strict=True)]
 
     @timer("offload")

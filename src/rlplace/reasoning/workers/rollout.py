@@ -19,7 +19,7 @@ from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.evaluation import Answered, sample_ids
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
 from rlplace.reasoning.models.tokenizer import load_tokenizer
-from rlplace.reasoning.rewards import SCORE
+from rlplace.reasoning.rewards import SCORE, decode
 from rlplace.reasoning.streams import (
     FILTERED_GROUPS,
     GENERATION_ROUNDS,
@@ -105,8 +105,7 @@ class LLMRolloutWorker(Worker):
             if not alg.filter_groups:
                 kept = samples
                 break
-            texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-            scores = [s[SCORE] for s in self.reward.scores(rows, texts)]
+            scores = [s[SCORE] for s in self.reward.scores(rows, decode(self.tokenizer, ids, responses))]
             for g in range(size):
                 same = len(set(scores[g * group : (g + 1) * group])) == 1
                 (dropped if same else kept).extend(samples[g * group : (g + 1) * group])
@@ -156,10 +155,9 @@ class LLMRolloutWorker(Worker):
         answered = []
         for chunk in (mine[start : start + per_chunk] for start in range(0, len(mine), per_chunk)):
             rows = [problems[i] for i in chunk for _ in range(rollout.eval_samples)]
-            ids = [id_ for i in chunk for id_ in sample_ids(i, rollout.eval_samples)]
-            _, responses = self._tokens(rows, ids, rollout.eval_temperature)
-            texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-            scores = [s[SCORE] for s in self.reward.scores(rows, texts)]
+            keys = [key for i in chunk for key in sample_ids(i, rollout.eval_samples)]
+            prompts, responses = self._tokens(rows, keys, rollout.eval_temperature)
+            scores = [s[SCORE] for s in self.reward.scores(rows, decode(self.tokenizer, prompts, responses))]
             for n, i in enumerate(chunk):
                 source = problems[i].extra.get("data_source")
                 answer_scores = scores[n * rollout.eval_samples : (n + 1) * rollout.eval_samples]
