@@ -271,6 +271,13 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
     "data suffix": ("rlplace-train", [*DATASET, "task.train_path=/etc/hostname"], "the suffix must be one of .jsonl"),
     "generation rounds": ("rlplace-plan", [*REASONING, "algorithm.max_generation_rounds=0"], "algorithm.max_gen"),
     "chat template": ("rlplace-train", [*REASONING, "task.apply_chat_template=maybe"], "task.apply_chat_template"),
+    "overlong buffer": (
+        "rlplace-plan",
+        [*REASONING, "reward.overlong_buffer=99"],
+        "reward.overlong_buffer = 99 is invalid: at most rollout.max_new_tokens = 8",
+    ),
+    "sampled greedy evaluation": ("rlplace-train", [*REASONING, "rollout.eval_samples=4"], "rollout.eval_samples = 4"),
+    "data pattern": ("rlplace-train", [*DATASET, "task.train_path=/no/*.jsonl"], "'/no/*.jsonl' is invalid: no file"),
     # Clusters this machine cannot be, refused before Ray starts.
     "two nodes embedded": ("rlplace-train", ["cluster.num_nodes=2"], "cluster.num_nodes=2"),
     "more cores than the machine": (

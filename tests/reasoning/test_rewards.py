@@ -9,7 +9,9 @@ import pytest
 
 from rlplace.core.errors import ConfigError
 from rlplace.core.registry import load_file
+from rlplace.reasoning.config import RewardConfig
 from rlplace.reasoning.rewards import (
+    OVERLONG,
     REWARDS,
     Decoded,
     RewardFunction,
@@ -21,6 +23,7 @@ from rlplace.reasoning.rewards import (
     gsm8k_number,
     last_boxed,
     reward_function,
+    with_overlong_penalty,
 )
 from rlplace.reasoning.tasks.prompts import Problem
 
@@ -284,3 +287,16 @@ def test_a_short_response_is_scored_without_the_padding_after_it() -> None:
     assert decoded == Decoded(["7", "42"], ["3+4=", "40+2="], ["3+4=7<eos>", "40+2=42"])
     assert [s["score"] for s in reward_function("exact_match").scores(problems, decoded)] == [1.0, 1.0]
     assert tokenizer.batch_decode(batch.responses, skip_special_tokens=True)[0] == "7!!!!"  # what it read before
+
+
+def test_the_overlong_penalty_falls_linearly_over_the_buffer() -> None:
+    """DAPO's soft overlong punishment with 8 new tokens at most, a buffer of 4 and a factor of 0.5."""
+    penalties = [with_overlong_penalty({"score": 1.0}, n, 8, 4, 0.5)[OVERLONG] for n in range(9)]
+    assert penalties == [0.0] * 5 + [-0.125, -0.25, -0.375, -0.5]
+    assert with_overlong_penalty({"score": 1.0, "correct": 1.0}, 7, 8, 4, 0.5) == {
+        "score": 0.625,
+        "correct": 1.0,
+        "overlong_penalty": -0.375,
+    }
+    with pytest.raises(ConfigError, match="reward.overlong_buffer = -1 is invalid: 0 .off. or more tokens"):
+        RewardConfig(overlong_buffer=-1)

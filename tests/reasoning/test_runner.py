@@ -48,7 +48,13 @@ from tests import TEST_PRESETS
 from tests.reasoning.runs import TINY, command, compared, metrics, same, start, trained
 
 VLLM = importlib.util.find_spec("vllm") is not None
-ASYNC_PPO = ["experiment=arithmetic_grpo", "algorithm=reasoning_ppo", "runner.max_staleness=1", "runner.max_steps=4"]
+ASYNC_PPO = [
+    "experiment=arithmetic_grpo",
+    "algorithm=reasoning_ppo",
+    "runner.max_staleness=1",
+    "runner.max_steps=4",
+    "reward.overlong_buffer=2",  # DAPO's overlong penalty over the last 2 of the 4 new tokens
+]
 RUNS = {
     # Every component on device 0 (of one core), taking turns: the actor and rollout offload while the others work.
     # PPO: its critic's GAE advantages are not all 0 even when every reward is (an untrained model answers nothing
@@ -222,7 +228,10 @@ def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, 
         ):
             assert key in row, key
         max_new_tokens = 8 if variant == "disaggregated" else 4
-        assert 0 <= row["rollout/reward"] <= 1 and 0 < row["rollout/response_length"] <= max_new_tokens
+        rule = row["rollout/reward"] - row.get("reward/overlong_penalty", 0.0)  # the penalty is part of the reward
+        assert 0 <= rule <= 1 and 0 < row["rollout/response_length"] <= max_new_tokens
+        if variant == "collocated":  # each response's penalty is 0, -0.5 (3 tokens) or -1 (4): their mean
+            assert -1 <= row["reward/overlong_penalty"] <= 0 and row["reward/score"] == pytest.approx(row["rollout/reward"])
         # Responses cut at max_new_tokens: each of them has max_new_tokens tokens.
         assert 0 <= row["rollout/clip_ratio"] * max_new_tokens <= row["rollout/response_length"]
         if variant == "disaggregated":  # an untrained model's 8 tokens seldom include its end token

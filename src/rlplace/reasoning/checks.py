@@ -27,6 +27,11 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
             f"rollout.micro_batch_prompts = {rollout.micro_batch_prompts} must divide task.prompts_per_step = "
             f"{task.prompts_per_step}"
         )
+    if cfg.reward.overlong_buffer > rollout.max_new_tokens:
+        raise ConfigError(
+            f"reward.overlong_buffer = {cfg.reward.overlong_buffer} is invalid: at most rollout.max_new_tokens = "
+            f"{rollout.max_new_tokens} (the buffer is the last tokens before a response is cut off), or 0 (off)"
+        )
     source = make_prompt_source(task)  # the task's data read and checked here, before any worker reads it
     if cfg.model.path is not None:
         check_model_folder(cfg.model.path)

@@ -253,8 +253,16 @@ class RewardConfig(ComponentConfig):
     model_weight: float = 1.0
     """With model_path: the model's share of the training reward, (1 - w) x the rule's score + w x the model's (1.0:
     the model alone; the rule's score is still logged as `reward/rule`, and `eval/accuracy` is always the rule's)."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment (verl's `overlong_buffer.len`): a training response longer than
+    rollout.max_new_tokens minus this many tokens loses `overlong_penalty` x its share of the buffer it ran into,
+    logged as `reward/overlong_penalty` (`rewards.overlong_penalty`); 0: off. Held-out answers are not penalised."""
+    overlong_penalty: float = 1.0
+    """With overlong_buffer: the penalty of a response that runs to rollout.max_new_tokens."""
 
     def __post_init__(self) -> None:
+        check(self.overlong_buffer >= 0, "reward.overlong_buffer", self.overlong_buffer, "0 (off) or more tokens")
+        check(self.overlong_penalty >= 0, "reward.overlong_penalty", self.overlong_penalty, "0 or more")
         if self.function is not None:
             reward_function(self.function)  # refused as written, then a file's path kept absolute for the workers
             self.function = absolute(self.function)

@@ -175,6 +175,18 @@ def with_model(rule: Scores, model: float, weight: float) -> Scores:
     return {**rule, RULE: rule[SCORE], MODEL: model, SCORE: (1 - weight) * rule[SCORE] + weight * model}
 
 
+OVERLONG = "overlong_penalty"
+
+
+def with_overlong_penalty(scores: Scores, length: int, max_new_tokens: int, buffer: int, factor: float) -> Scores:
+    """`scores` with DAPO's soft overlong punishment (Yu et al. 2025) added to the training reward and kept as
+    "overlong_penalty": 0 up to `max_new_tokens - buffer` tokens, then falling linearly to `-factor` at
+    `max_new_tokens`, so that the policy learns to finish before it is cut off instead of being scored on a cut
+    answer alone."""
+    penalty = min(0.0, (max_new_tokens - buffer - length) / buffer * factor)
+    return {**scores, OVERLONG: penalty, SCORE: scores[SCORE] + penalty}
+
+
 class Decoded(NamedTuple):
     """A batch's responses as text, in the forms rewards read."""
 

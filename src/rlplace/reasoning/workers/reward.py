@@ -17,7 +17,7 @@ from rlplace.core.offload import HostCopies, move
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.tokenizer import load_tokenizer
-from rlplace.reasoning.rewards import METRIC_PREFIX, SCORE, Scores, decode, with_model
+from rlplace.reasoning.rewards import METRIC_PREFIX, SCORE, Scores, decode, with_model, with_overlong_penalty
 from rlplace.reasoning.streams import consumer_key, micro_batches_of
 from rlplace.scheduler import Channel, Worker, timer
 
@@ -53,14 +53,22 @@ class RewardWorker(Worker):
         return len(mine)
 
     def score(self, batch: SequenceBatch) -> list[Scores]:
-        """The named scores of each decoded response: the rule reward's, joined with the reward model's if any."""
-        decoded = decode(self.tokenizer, batch.prompt_ids(), batch.response_ids())
+        """The named scores of each decoded response: the rule reward's, joined with the reward model's if any, and
+        the overlong penalty with reward.overlong_buffer."""
+        response_ids = batch.response_ids()
+        decoded = decode(self.tokenizer, batch.prompt_ids(), response_ids)
         scores = self.reward.scores(batch.problems, decoded)
-        if self.model is None:
-            return scores
-        weight = self.cfg.reward.model_weight
-        model = self.model.score(batch.problems, decoded.responses)
-        return [with_model(rule, m, weight) for rule, m in zip(scores, model, strict=True)]
+        if self.model is not None:
+            weight = self.cfg.reward.model_weight
+            model = self.model.score(batch.problems, decoded.responses)
+            scores = [with_model(rule, m, weight) for rule, m in zip(scores, model, strict=True)]
+        reward = self.cfg.reward
+        if reward.overlong_buffer:
+            width = self.cfg.rollout.max_new_tokens
+            pairs = zip(scores, response_ids, strict=True)
+            shaped = (reward.overlong_buffer, reward.overlong_penalty)
+            scores = [with_overlong_penalty(s, len(ids), width, *shaped) for s, ids in pairs]
+        return scores
 
     @timer("offload")
     def offload(self) -> int:
