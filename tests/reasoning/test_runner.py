@@ -230,8 +230,9 @@ def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, 
         max_new_tokens = 8 if variant == "disaggregated" else 4
         rule = row["rollout/reward"] - row.get("reward/overlong_penalty", 0.0)  # the penalty is part of the reward
         assert 0 <= rule <= 1 and 0 < row["rollout/response_length"] <= max_new_tokens
-        if variant == "collocated":  # each response's penalty is 0, -0.5 (3 tokens) or -1 (4): their mean
-            assert -1 <= row["reward/overlong_penalty"] <= 0 and row["reward/score"] == pytest.approx(row["rollout/reward"])
+        if variant == "collocated":  # each response's penalty is 0, -0.5 (3 tokens) or -1 (4, cut off or not)
+            assert -1 <= row["reward/overlong_penalty"] <= -row["rollout/clip_ratio"]
+            assert row["reward/score"] == pytest.approx(row["rollout/reward"])
         # Responses cut at max_new_tokens: each of them has max_new_tokens tokens.
         assert 0 <= row["rollout/clip_ratio"] * max_new_tokens <= row["rollout/response_length"]
         if variant == "disaggregated":  # an untrained model's 8 tokens seldom include its end token
