@@ -201,16 +201,35 @@ def test_sampling_is_keyed_per_sequence_not_per_batch(models, engine):
     assert sample(prompts, ids, seed=8) != batch
 
 
-def test_samples_follow_the_softmax(models, engine):
+def nucleus(probs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """`probs` cut to the top_k most likely tokens (0: all), then to the fewest of those whose renormalised mass
+    reaches top_p, renormalised."""
+    ranked = sorted(range(probs.numel()), key=lambda t: -probs[t].item())[: top_k or None]
+    total = sum(probs[t].item() for t in ranked)
+    kept, mass = torch.zeros_like(probs), 0.0
+    for token in ranked:
+        if mass >= top_p:
+            break
+        kept[token] = probs[token]
+        mass += probs[token].item() / total
+    return kept / kept.sum()
+
+
+@pytest.mark.parametrize(("top_p", "top_k"), [(1.0, 0), (0.85, 0), (1.0, 3), (0.9, 5)])
+def test_samples_follow_the_softmax(models, engine, top_p, top_k):
     """Many one-token samples of one prompt: their histogram is within twice the expected sampling error of the
-    model's softmax at that temperature (total variation distance)."""
+    model's softmax at that temperature, cut by top_p and top_k (total variation distance)."""
     n, temperature = 2000, 2.0
     prompt = models.prompts[0][:-2]
     with torch.no_grad():
         logits = load_causal_lm(models.sums)(torch.tensor([prompt])).logits[0, -1]
-    probs = torch.softmax(logits / temperature, dim=-1).double()
-    tokens = engine.generate([prompt] * n, list(range(n)), max_new_tokens=1, temperature=temperature, seed=3)
+    probs = nucleus(torch.softmax(logits / temperature, dim=-1).double(), top_p, top_k)
+    assert (probs > 0).sum() > 1, "a single token left: nothing to test"
+    tokens = engine.generate(
+        [prompt] * n, list(range(n)), max_new_tokens=1, temperature=temperature, seed=3, top_p=top_p, top_k=top_k
+    )
     counts = torch.bincount(torch.tensor([t[0] for t in tokens]), minlength=probs.numel()).double()
+    assert counts[probs == 0].sum() == 0, "a token outside the nucleus was drawn"
     distance = 0.5 * (counts / n - probs).abs().sum().item()
     expected = 0.5 * (2 * probs * (1 - probs) / (math.pi * n)).sqrt().sum().item()
     assert distance < 2 * expected, (distance, expected)

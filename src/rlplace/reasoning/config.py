@@ -158,6 +158,11 @@ class GenerationConfig(ComponentConfig):
     """Most tokens generated per response."""
     temperature: float = 1.0
     """Sampling temperature for training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling, for training and sampled held-out answers: the fewest most likely tokens whose probability
+    reaches top_p (1.0: all). The update scores responses under the whole softmax, as verl's and OpenRLHF's do."""
+    top_k: int = 0
+    """Sample among the top_k most likely tokens only (0 or -1: all)."""
     eval_samples: int = 1
     """Answers per held-out problem: 1 gives `eval/accuracy`; k > 1 (sampled) also `eval/best@k`."""
     eval_temperature: float = 0.0
@@ -177,6 +182,9 @@ class GenerationConfig(ComponentConfig):
         BACKENDS.check(self.backend)
         check(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "at least 1")
         check(self.temperature >= 0, "rollout.temperature", self.temperature, "0 (greedy) or more")
+        check(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "in (0, 1]")
+        check(self.top_k >= -1, "rollout.top_k", self.top_k, "0 or -1 (every token), or a number of tokens")
+        self.top_k = max(self.top_k, 0)
         check(self.eval_samples >= 1, "rollout.eval_samples", self.eval_samples, "at least 1")
         check(self.eval_temperature >= 0, "rollout.eval_temperature", self.eval_temperature, "0 (greedy) or more")
         check(

@@ -37,12 +37,15 @@ class GenerationEngine(Protocol):
         temperature: float,
         seed: int,
         ignore_eos: bool = False,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> list[list[int]]:
         """Each prompt's response token ids (no padding; ending with EOS where it stopped on EOS).
 
-        `prompts` are token ids including BOS. Temperature 0 is greedy decoding. Sampling randomness is keyed by
-        (seed, sample_ids[i]) for sequence i. `ignore_eos` decodes `max_new_tokens` tokens whatever they are (for
-        benchmarks, where every response should have the same length).
+        `prompts` are token ids including BOS. Temperature 0 is greedy decoding. Sampling draws from the `top_k` most
+        likely tokens (0: all) and, of those, the fewest whose probability reaches `top_p`, renormalised. Sampling
+        randomness is keyed by (seed, sample_ids[i]) for sequence i. `ignore_eos` decodes `max_new_tokens` tokens
+        whatever they are (for benchmarks, where every response should have the same length).
         """
         ...
 

@@ -64,6 +64,8 @@ class HFEngine:
         temperature: float,
         seed: int,
         ignore_eos: bool = False,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> list[list[int]]:
         """See `GenerationEngine.generate`. Prompts are left-padded; positions count real tokens only."""
         check_lengths(prompts, sample_ids, max_new_tokens, self.max_model_len)
@@ -82,7 +84,7 @@ class HFEngine:
         eos = torch.tensor(self.eos_ids, device=self.device)
         tokens = []
         for step in range(max_new_tokens):
-            token = pick(logits, temperature, None if uniforms is None else uniforms[:, step])
+            token = pick(logits, temperature, None if uniforms is None else uniforms[:, step], top_p, top_k)
             token = token.masked_fill(done, self.pad_id)
             tokens.append(token)
             if not ignore_eos:
@@ -138,14 +140,28 @@ class HFEngine:
         """Nothing to release: the model is an ordinary module, freed with the engine."""
 
 
-def pick(logits: Tensor, temperature: float, uniforms: Tensor | None) -> Tensor:
+def pick(logits: Tensor, temperature: float, uniforms: Tensor | None, top_p: float = 1.0, top_k: int = 0) -> Tensor:
     """Each row's next token: the argmax (temperature 0), else the inverse CDF of softmax(logits / temperature) at
-    the row's uniform. Rows are independent, so a row's token depends on its logits and uniform alone."""
+    the row's uniform. Rows are independent, so a row's token depends on its logits and uniform alone.
+
+    With `top_k` > 0 or `top_p` < 1 the CDF runs over the tokens sorted by probability (ties by id), cut to the `top_k`
+    first, then to the fewest of those whose renormalised mass reaches `top_p` (the most likely always kept), as
+    transformers' and vLLM's filters, applied in that order, keep them."""
     if uniforms is None:
         return logits.argmax(dim=-1)
-    cdf = torch.softmax(logits.float() / temperature, dim=-1).cumsum(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    order = None
+    if top_k > 0 or top_p < 1:
+        probs, order = probs.sort(dim=-1, descending=True, stable=True)
+        if top_k > 0:
+            probs[:, top_k:] = 0
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        if top_p < 1:
+            probs = probs * (probs.cumsum(dim=-1) - probs < top_p)  # the mass before a token is short of top_p
+    cdf = probs.cumsum(dim=-1)
     target = (uniforms * cdf[:, -1]).unsqueeze(-1)
-    return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+    token = torch.searchsorted(cdf, target).clamp(max=logits.shape[-1] - 1)
+    return (token if order is None else order.gather(-1, token)).squeeze(-1)
 
 
 def build(model_path: str, device: torch.device, max_model_len: int | None, options: EngineOptions) -> HFEngine:

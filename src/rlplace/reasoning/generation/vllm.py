@@ -111,6 +111,8 @@ class VLLMEngine:
         temperature: float,
         seed: int,
         ignore_eos: bool = False,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> list[list[int]]:
         """See `GenerationEngine.generate`; vLLM schedules the requests (continuous batching) as it sees fit."""
         from vllm import SamplingParams
@@ -120,6 +122,8 @@ class VLLMEngine:
         params = [
             SamplingParams(
                 temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
                 max_tokens=max_new_tokens,
                 seed=sequence_seed(seed, sample_id) if temperature > 0 else None,
                 stop_token_ids=None if ignore_eos else self.eos_ids,

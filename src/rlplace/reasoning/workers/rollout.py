@@ -135,14 +135,10 @@ class LLMRolloutWorker(Worker):
             max_new_tokens=self.cfg.rollout.max_new_tokens,
             temperature=temperature,
             seed=self.cfg.runner.seed,
+            top_p=self.cfg.rollout.top_p,
+            top_k=self.cfg.rollout.top_k,
         )
         return prompts, responses
-
-    def _generate(
-        self, index: int, problems: list[Problem], sample_ids: list[int], temperature: float
-    ) -> SequenceBatch:
-        prompts, responses = self._tokens(problems, sample_ids, temperature)
-        return pack(index, prompts, responses, problems, self.cfg.rollout.max_new_tokens)
 
     @timer("evaluate")
     def evaluate(self) -> list[Answered]:
