@@ -40,8 +40,10 @@ from rlplace.families import resolve
 from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError
 from rlplace.planner import PROFILE_FILE
+from rlplace.reasoning.export import main as export_main
 from rlplace.reasoning.launch import check_checkpoint, checkpoint_identity
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
+from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.replace import switches
 from rlplace.train import train
 from tests import TEST_PRESETS
@@ -256,6 +258,22 @@ def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, 
         timeline.extend(s for s in spans if s["name"] in ("rollout_generate", "inference"))
         assert timeline.overlap("rollout", "inference", 0.0, max(s["end"] for s in spans)) > 0
     assert load_causal_lm(run / "final_model").config.model_type == "llama"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["collocated", "disaggregated"])
+def test_the_last_checkpoint_exports_as_the_final_model(variant: str, runs: dict[str, Path], tmp_path: Path) -> None:
+    """`rlplace-export` turns a checkpoint (written by 1 actor rank, or by 2) into the model folder the run wrote at
+    its end: the same weights to the bit, the same files beside them."""
+    run = runs[variant]
+    last = sorted((run / "checkpoints").iterdir())[-1]
+    assert export_main([str(last), str(tmp_path / "exported")]) == 0
+    exported, final = (load_causal_lm(folder).state_dict() for folder in (tmp_path / "exported", run / "final_model"))
+    assert exported.keys() == final.keys() and same(exported, final)
+    assert {p.name for p in (run / "final_model").iterdir()} <= {p.name for p in (tmp_path / "exported").iterdir()}
+    assert load_tokenizer(tmp_path / "exported").get_vocab() == load_tokenizer(run / "final_model").get_vocab()
+    assert export_main([str(last), str(tmp_path / "exported")]) == 2  # the target exists
+    assert export_main([str(run), str(tmp_path / "again")]) == 2  # a run folder, not a checkpoint
 
 
 @pytest.mark.slow

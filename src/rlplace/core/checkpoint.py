@@ -50,10 +50,11 @@ def commit(tmp: Path) -> Path:
     return final
 
 
-def verify(folder: Path) -> None:
-    """Check every file of the manifest: present, of its size, with its checksum; ConfigError naming the first
-    file that is not, or the manifest itself when it is not one (hand-edited, or written by something else)."""
-    where = f"runner.resume = {str(folder)!r}"
+def verify(folder: Path, key: str = "runner.resume") -> None:
+    """Check every file of the manifest: present, of its size, with its checksum; ConfigError naming `key`, the
+    folder and the first file that is not, or the manifest itself when it is not one (hand-edited, or written by
+    something else)."""
+    where = f"{key} = {str(folder)!r}"
     for name, expected in _read_manifest(folder, where).items():
         path = folder / name
         if not path.is_file():
@@ -88,11 +89,11 @@ def _read_manifest(folder: Path, where: str) -> dict[str, dict[str, Any]]:
     return manifest
 
 
-def read_state(folder: Path, family: str) -> dict[str, Any]:
-    """The driver's STATE_FILE of checkpoint `folder`, refused (ConfigError, one line naming the file) unless a run
-    of `family` wrote it: a JSON object with the step it was saved at and the run's `identity`. Checked before
-    anything starts, so that a damaged file is not found half-way through resuming."""
-    where = f"runner.resume = {str(folder)!r} is invalid"
+def read_state(folder: Path, family: str, key: str = "runner.resume") -> dict[str, Any]:
+    """The driver's STATE_FILE of checkpoint `folder`, refused (ConfigError, one line naming `key` and the file)
+    unless a run of `family` wrote it: a JSON object with the step it was saved at and the run's `identity`. Checked
+    before anything starts, so that a damaged file is not found half-way through resuming."""
+    where = f"{key} = {str(folder)!r} is invalid"
     try:
         state = json.loads((folder / STATE_FILE).read_text())
     except FileNotFoundError:

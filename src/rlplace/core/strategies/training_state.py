@@ -31,7 +31,7 @@ def _state(parts: Trained) -> dict[str, dict]:
 
 
 @contextmanager
-def _single_process_quiet() -> Iterator[None]:
+def single_process_quiet() -> Iterator[None]:
     """A single rank has no process group, which DCP handles as one process but warns about at every save and load:
     in a worker, that warning would reach the driver's console with each checkpoint."""
     with warnings.catch_warnings():
@@ -42,14 +42,14 @@ def _single_process_quiet() -> Iterator[None]:
 
 def save_training_state(folder: Path, parts: Trained) -> None:
     """Write every model and optimizer of `parts` into `folder`; every rank calls it."""
-    with _single_process_quiet():
+    with single_process_quiet():
         dcp.save(_state(parts), checkpoint_id=folder)
 
 
 def load_training_state(folder: Path, parts: Trained) -> None:
     """Read what `save_training_state` wrote, under this process's strategy and rank count, into `parts`."""
     state = _state(parts)
-    with _single_process_quiet():
+    with single_process_quiet():
         dcp.load(state, checkpoint_id=folder)
     for name, (model, optimizer) in parts.items():
         set_state_dict(model, optimizer, model_state_dict=state[name], optim_state_dict=state[f"{name}_optimizer"])

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from rlplace.core.errors import ConfigError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 """A folder holding one of these (next to tokenizer_config.json) carries a tokenizer transformers can load."""
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
+"""Files of these kinds (and their `*.index.json` shard maps) hold a folder's weights."""
 
 
 def check_model_folder(path: str | Path | None, key: str = "model.path") -> Path:
@@ -46,3 +49,12 @@ def check_reward_model_folder(path: str | Path, key: str = "reward.model_path") 
             "valid: a folder saved from an AutoModelForSequenceClassification with num_labels=1)"
         )
     return folder
+
+
+def copy_without_weights(folder: str | Path, target: Path) -> None:
+    """The files of the model folder `folder` into `target`, but its weights: its config, generation config,
+    tokenizer and chat template, whatever code it carries; what turns a checkpoint's weights into a folder again."""
+    target.mkdir(parents=True, exist_ok=True)
+    for file in Path(folder).iterdir():
+        if file.is_file() and file.suffix not in WEIGHT_SUFFIXES and not file.name.endswith(".index.json"):
+            shutil.copy2(file, target / file.name)

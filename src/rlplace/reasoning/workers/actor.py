@@ -35,6 +35,7 @@ from rlplace.core.timing import median_seconds
 from rlplace.core.weights import broadcast_weights
 from rlplace.reasoning.batch import SequenceBatch, response_logits, response_logprobs
 from rlplace.reasoning.config import ReasoningConfig
+from rlplace.reasoning.models.hf_folder import copy_without_weights
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
@@ -49,6 +50,8 @@ PROFILE_REPEATS = 5
 """Timed calls per size of `profile_passes`: the same on every rank (they are collective), a median of five."""
 MODELS_DIR = "actor"
 """The actor's models and optimizers in a checkpoint folder, every rank's part (`training_state`)."""
+MODEL_FILES_DIR = "model"
+"""The model folder's files but its weights, in a checkpoint folder (`rlplace.reasoning.export`)."""
 
 
 class LLMActorWorker(Worker):
@@ -220,12 +223,15 @@ class LLMActorWorker(Worker):
         """Every rank writes its part of the policy (and critic) with their optimizers into `folder/actor`, and its
         pending micro-batches (asynchronous training) to `pending/<rank>.pt`; rank 0 writes the minibatch generator,
         the process's RNG states and the weight version, which every rank holds alike. A resumed update then shuffles,
-        steps and draws exactly as the uninterrupted one would."""
+        steps and draws exactly as the uninterrupted one would. Rank 0 also copies the model folder's files but its
+        weights (config, tokenizer) into `folder/model`, with which `rlplace-export` makes the checkpoint a model
+        folder again."""
         save_pending(folder, self.rank, self.pending)
         save_training_state(Path(folder) / MODELS_DIR, self._trained())
         if self.rank == 0:
             state = {"generator": self.generator.get_state(), "rng": rng_states(), "version": self.version}
             torch.save(state, Path(folder) / STATE_FILE)
+            copy_without_weights(self.model_path, Path(folder) / MODEL_FILES_DIR)
 
     def load_checkpoint(self, folder: str) -> None:
         """Every rank reads its part of the models and optimizers, whichever rank count and strategy wrote them, the
