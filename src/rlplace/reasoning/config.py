@@ -264,7 +264,7 @@ class RewardConfig(ComponentConfig):
     overlong_buffer: int = 0
     """DAPO's soft overlong punishment (verl's `overlong_buffer.len`): a training response longer than
     rollout.max_new_tokens minus this many tokens loses `overlong_penalty` x its share of the buffer it ran into,
-    logged as `reward/overlong_penalty` (`rewards.overlong_penalty`); 0: off. Held-out answers are not penalised."""
+    logged as `reward/overlong_penalty` (`rewards.with_overlong_penalty`); 0: off. Held-out answers are not penalised."""
     overlong_penalty: float = 1.0
     """With overlong_buffer: the penalty of a response that runs to rollout.max_new_tokens."""
 

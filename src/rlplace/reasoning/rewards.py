@@ -176,6 +176,7 @@ def with_model(rule: Scores, model: float, weight: float) -> Scores:
 
 
 OVERLONG = "overlong_penalty"
+"""The named score `with_overlong_penalty` adds (`reward/overlong_penalty`)."""
 
 
 def with_overlong_penalty(scores: Scores, length: int, max_new_tokens: int, buffer: int, factor: float) -> Scores:
