@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlplace.core.errors import ConfigError, check, check_choice
+from rlplace.core.lr_schedule import LR_DECAYS
 from rlplace.metrics.logger import BACKENDS as LOGGER_BACKENDS
 
 T = TypeVar("T")
@@ -111,7 +112,14 @@ class PolicyGradientConfig:
     gae_lambda: float = 0.95
     lr: float = 2.5e-4
     anneal_lr: bool = True
-    """Linearly decay the learning rate to 0 over runner.max_steps."""
+    """Decay the learning rate over runner.max_steps after the warmup (`lr_decay`, down to `min_lr_ratio` x lr);
+    false keeps it constant (`core.lr_schedule`)."""
+    lr_decay: str = "linear"
+    """With anneal_lr: `linear` (CleanRL's anneal_lr) or `cosine`."""
+    lr_warmup_steps: int = 0
+    """Steps whose rate rises linearly to lr first (step s uses (s + 1) / lr_warmup_steps of it); 0: none."""
+    min_lr_ratio: float = 0.0
+    """With anneal_lr: the share of lr the decay ends at."""
     update_epochs: int = 4
     num_minibatches: int = 4
     """Minibatches (optimizer steps) per epoch over the whole batch (all actor ranks together)."""
@@ -144,6 +152,9 @@ class PolicyGradientConfig:
         check(0 <= self.gamma <= 1, "algorithm.gamma", self.gamma, "in [0, 1] (a discount factor)")
         check(0 <= self.gae_lambda <= 1, "algorithm.gae_lambda", self.gae_lambda, "in [0, 1]")
         check(self.lr > 0, "algorithm.lr", self.lr, "positive")
+        check_choice("algorithm.lr_decay", self.lr_decay, LR_DECAYS)
+        check(self.lr_warmup_steps >= 0, "algorithm.lr_warmup_steps", self.lr_warmup_steps, "0 (none) or more steps")
+        check(0 <= self.min_lr_ratio <= 1, "algorithm.min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
         check(self.update_epochs >= 1, "algorithm.update_epochs", self.update_epochs, "at least 1")
         check(self.num_minibatches >= 1, "algorithm.num_minibatches", self.num_minibatches, "at least 1")
         check(

@@ -102,6 +102,8 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
     """How token losses become one number: `token_mean` over all tokens, or `seq_mean_token_mean`."""
     critic_lr: float = 1.0e-3
     """ppo: learning rate of the critic (a value head on its own copy of the LM)."""
+    weight_decay: float = 0.0
+    """AdamW's decoupled weight decay of the policy and the critic (verl's default is 0.01)."""
     filter_groups: bool = False
     """Dynamic sampling (DAPO): a prompt whose responses all get the same rule reward teaches nothing; drop it and
     generate for more prompts until each micro-batch is full (`max_generation_rounds` at most)."""
@@ -124,6 +126,7 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
         check_choice("algorithm.loss_agg", self.loss_agg, ("token_mean", "seq_mean_token_mean"))
         check(self.kl_coef >= 0, "algorithm.kl_coef", self.kl_coef, "0 or more")
         check(self.critic_lr > 0, "algorithm.critic_lr", self.critic_lr, "positive")
+        check(self.weight_decay >= 0, "algorithm.weight_decay", self.weight_decay, "0 or more")
         if algorithm.min_group_size > 1:
             check(
                 self.group_size >= algorithm.min_group_size,
@@ -264,7 +267,8 @@ class RewardConfig(ComponentConfig):
     overlong_buffer: int = 0
     """DAPO's soft overlong punishment (verl's `overlong_buffer.len`): a training response longer than
     rollout.max_new_tokens minus this many tokens loses `overlong_penalty` x its share of the buffer it ran into,
-    logged as `reward/overlong_penalty` (`rewards.with_overlong_penalty`); 0: off. Held-out answers are not penalised."""
+    logged as `reward/overlong_penalty` (`rewards.with_overlong_penalty`); 0: off. Held-out answers are not
+    penalised."""
     overlong_penalty: float = 1.0
     """With overlong_buffer: the penalty of a response that runs to rollout.max_new_tokens."""
 

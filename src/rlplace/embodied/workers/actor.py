@@ -17,6 +17,7 @@ import torch
 
 from rlplace.core.data_parallel import Shard
 from rlplace.core.gradients import average_grads
+from rlplace.core.lr_schedule import lr_factor
 from rlplace.core.offload import HostCopies, move
 from rlplace.core.pending import load_pending, save_pending
 from rlplace.core.rng import rng_states, set_rng_states
@@ -95,9 +96,8 @@ class ActorWorker(Worker):
         """One PPO update on this rank's shard; returns train/* stats (identical on every rank up to float order)."""
         batch, alg = self.batch, self.cfg.algorithm
         assert batch is not None and self.advantages is not None and self.returns is not None
-        if alg.anneal_lr:
-            for group in self.optimizer.param_groups:
-                group["lr"] = alg.lr * (1.0 - step / self.cfg.runner.max_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = alg.lr * lr_factor(alg, step, self.cfg.runner.max_steps)
         flat = {
             "obs": batch.obs.flatten(0, 1),
             "actions": batch.actions.flatten(0, 1),

@@ -26,6 +26,7 @@ from torch import nn
 
 from rlplace.core import strategies
 from rlplace.core.data_parallel import Shard
+from rlplace.core.lr_schedule import lr_factor
 from rlplace.core.offload import HostCopies, move
 from rlplace.core.pending import load_pending, save_pending
 from rlplace.core.rng import rng_states, set_rng_states
@@ -65,12 +66,14 @@ class LLMActorWorker(Worker):
         if self.world_size > 1 or self.strategy.collective_passes:
             self.init_process_group()
         self.policy = self._trainable(load_causal_lm(model_path, self.device))
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=alg.lr, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=alg.lr, weight_decay=alg.weight_decay)
         self.critic: ValueModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if alg.has_critic:
             self.critic = self._trainable(ValueModel.from_pretrained(model_path).to(self.device))
-            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=alg.critic_lr, weight_decay=0.0)
+            self.critic_optimizer = torch.optim.AdamW(
+                self.critic.parameters(), lr=alg.critic_lr, weight_decay=alg.weight_decay
+            )
         self.host_copies = HostCopies()
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
         self.version = 0
@@ -147,15 +150,16 @@ class LLMActorWorker(Worker):
     def run_training(self, step: int) -> dict[str, float]:
         """One policy (and critic) update on this rank's batch; returns train/* stats.
 
-        With `algorithm.anneal_lr` the learning rate decays linearly to 0 over `runner.max_steps`: late updates
-        then refine instead of undoing what earlier ones learned, which steadies the accuracy a run ends with.
+        The learning rate follows `core.lr_schedule`; the presets' `anneal_lr` decays it linearly to 0 over
+        `runner.max_steps`: late updates then refine instead of undoing what earlier ones learned, which steadies the
+        accuracy a run ends with.
         """
         assert self.batch is not None and self.advantages is not None, "compute_advantages must run first"
         alg = self.cfg.algorithm
-        if alg.anneal_lr:
-            for optimizer, lr in ((self.optimizer, alg.lr), (self.critic_optimizer, alg.critic_lr)):
-                for group in optimizer.param_groups if optimizer is not None else []:
-                    group["lr"] = lr * (1.0 - step / self.cfg.runner.max_steps)
+        factor = lr_factor(alg, step, self.cfg.runner.max_steps)
+        for optimizer, lr in ((self.optimizer, alg.lr), (self.critic_optimizer, alg.critic_lr)):
+            for group in optimizer.param_groups if optimizer is not None else []:
+                group["lr"] = lr * factor
         stats = llm_update(
             self.policy,
             self.optimizer,
