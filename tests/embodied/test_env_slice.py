@@ -8,7 +8,15 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from rlplace.embodied.envs import EnvSlice, EpisodeStats, env_spec, make_env, merge_episode_stats, split_stages
+from rlplace.embodied.envs import (
+    EnvSlice,
+    EpisodeStats,
+    Normalization,
+    env_spec,
+    make_env,
+    merge_episode_stats,
+    split_stages,
+)
 from rlplace.embodied.envs.registry import observation_flattener
 
 FIELDS = ("obs", "rewards", "terminated", "truncated")
@@ -19,9 +27,14 @@ def _actions(step: int, global_indices: np.ndarray) -> np.ndarray:
     return (global_indices * 7 + step * 3) % 5 // 3
 
 
-def test_two_slices_equal_one_slice_step_by_step() -> None:
-    whole = EnvSlice("CartPole-v1", 0, 8, seed=11)
-    parts = [EnvSlice("CartPole-v1", 0, 4, seed=11), EnvSlice("CartPole-v1", 4, 8, seed=11)]
+NORMALIZED = [None, Normalization(observations=True, rewards=True, gamma=0.99)]
+"""Each split test runs as it is and with observations and rewards normalised (statistics kept per sub-env)."""
+
+
+@pytest.mark.parametrize("normalize", NORMALIZED)
+def test_two_slices_equal_one_slice_step_by_step(normalize: Normalization | None) -> None:
+    whole = EnvSlice("CartPole-v1", 0, 8, seed=11, normalize=normalize)
+    parts = [EnvSlice("CartPole-v1", 0, 4, 11, normalize), EnvSlice("CartPole-v1", 4, 8, 11, normalize)]
     np.testing.assert_array_equal(whole.reset(), np.concatenate([p.reset() for p in parts]))
     for step in range(150):
         expected = whole.step(_actions(step, whole.global_indices))
@@ -33,18 +46,19 @@ def test_two_slices_equal_one_slice_step_by_step() -> None:
     assert len(merged.returns) > 8  # episodes ended (and auto-reset) along the way
 
 
-def test_states_taken_from_one_split_continue_in_another() -> None:
+@pytest.mark.parametrize("normalize", NORMALIZED)
+def test_states_taken_from_one_split_continue_in_another(normalize: Normalization | None) -> None:
     # Mid-episode states of slices [0, 4) and [4, 8), taken back by slices [0, 2) and [2, 8) (as a checkpoint written
     # by two env processes is resumed by a different split), continue exactly like the slice that was never split.
-    whole = EnvSlice("CartPole-v1", 0, 8, seed=5)
-    parts = [EnvSlice("CartPole-v1", 0, 4, seed=5), EnvSlice("CartPole-v1", 4, 8, seed=5)]
+    whole = EnvSlice("CartPole-v1", 0, 8, seed=5, normalize=normalize)
+    parts = [EnvSlice("CartPole-v1", 0, 4, 5, normalize), EnvSlice("CartPole-v1", 4, 8, 5, normalize)]
     for envs in (whole, *parts):
         envs.reset()
         for step in range(30):
             envs.step(_actions(step, envs.global_indices))
         envs.pop_episode_stats()
-    states = parts[0].states() + parts[1].states()
-    resumed = [EnvSlice("CartPole-v1", 0, 2, seed=5), EnvSlice("CartPole-v1", 2, 8, seed=5)]
+    states = pickle.loads(pickle.dumps(parts[0].states() + parts[1].states()))  # as a checkpoint keeps them
+    resumed = [EnvSlice("CartPole-v1", 0, 2, 5, normalize), EnvSlice("CartPole-v1", 2, 8, 5, normalize)]
     for envs in resumed:
         envs.reset()
         envs.restore(states[envs.start : envs.end])
@@ -147,3 +161,27 @@ def test_spaces_a_policy_cannot_take_are_refused() -> None:
     with pytest.raises(ValueError, match="observation space Graph.* has no flat vector form"):
         observation_flattener(space)
     assert observation_flattener(gym.spaces.Box(0, 1, (3,))) is None  # already a vector: taken as it is
+
+
+def test_normalisation_is_gymnasiums_per_sub_env_and_leaves_episode_returns_raw() -> None:
+    """One Pendulum sub-env normalised here against gymnasium's NormalizeObservation and NormalizeReward wrappers
+    (what CleanRL wraps each env in) with the same actions, clipped to +-10 as CleanRL clips them; its episode return
+    is the simulator's own reward sum."""
+    normalized = EnvSlice("Pendulum-v1", 0, 1, seed=3, normalize=Normalization(True, True, gamma=0.9))
+    plain = EnvSlice("Pendulum-v1", 0, 1, seed=3)
+    wrapped = gym.wrappers.NormalizeReward(gym.wrappers.NormalizeObservation(make_env("Pendulum-v1")), gamma=0.9)
+    expected_obs, _ = wrapped.reset(seed=3)
+    np.testing.assert_allclose(normalized.reset()[0], np.clip(expected_obs, -10, 10), rtol=1e-5, atol=1e-6)
+    plain.reset()
+    raw_return = 0.0
+    for step in range(200):  # one whole episode: Pendulum truncates at 200 steps
+        action = np.array([[np.sin(step / 7.0) * 2.0]], dtype=np.float32)
+        obs, reward, _, truncated = normalized.step(action)
+        expected_obs, expected_reward, *_ = wrapped.step(action[0])
+        raw_return += float(plain.step(action)[1][0])
+        if step < 199:  # at the episode's end the slice resets at once, gymnasium's wrapper returns the last one
+            np.testing.assert_allclose(obs[0], np.clip(expected_obs, -10, 10), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(reward[0], np.clip(expected_reward, -10, 10), rtol=1e-5, atol=1e-6)
+    assert truncated[0] and abs(reward[0]) < 10
+    (episode_return,) = normalized.pop_episode_stats().returns
+    assert episode_return == pytest.approx(raw_return, rel=1e-6) and episode_return < -100  # Pendulum's cost

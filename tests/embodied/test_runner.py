@@ -381,8 +381,10 @@ def test_async_training_resumes_exactly_under_another_placement(shared_ray: None
 
 # The HalfCheetah preset (MuJoCo, continuous actions, env and rollout pipelined in 2 stages) re-placed the same way at
 # K = 1: env on device 0, rollout and actor on device 1, then everything on device 0. One process per component in
-# both placements, so the batch shapes, and with them the numbers, stay the same bit for bit.
+# both placements, so the batch shapes, and with them the numbers, stay the same bit for bit. Observations and rewards
+# are normalised as CleanRL's continuous-control PPO does: the statistics travel with each sub-env's state.
 CHEETAH = ["experiment=halfcheetah_pipeline", "rollout.num_steps=8", "model.hidden_sizes=[32,32]", *ASYNC]
+CHEETAH += ["task.normalize_observation=true", "task.normalize_reward=true"]
 CHEETAH += ["cluster.component_placement.env=0", "cluster.component_placement.rollout=1"]
 CHEETAH += ["cluster.component_placement.actor=1"]
 

@@ -34,6 +34,12 @@ class EmbodiedTaskConfig:
     """Episode cap; None keeps the environment's own."""
     solved_return: float | None = None
     """Mean return over the last 20 episodes at which the task counts as solved; None: never."""
+    normalize_observation: bool = False
+    """Standardise each sub-env's observations by their running mean and variance, clipped to +-10 (CleanRL's
+    continuous-control PPO; `envs.normalize`)."""
+    normalize_reward: bool = False
+    """Scale each sub-env's rewards by the running standard deviation of its discounted return (algorithm.gamma),
+    clipped to +-10; episode returns are still reported in the simulator's own rewards."""
 
     def __post_init__(self) -> None:
         check(self.total_num_envs >= 1, "task.total_num_envs", self.total_num_envs, "at least 1")

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
+from .normalize import Normalization, Normalizer
 from .registry import ActionSpec, flat_dim, make_env, observation_flattener
 
 
@@ -49,11 +50,16 @@ class SubEnvState(NamedTuple):
     """The running episode's return and length so far, reported when it ends."""
     step_count: int
     """The slice's step count: finished episodes are ordered by it across slices (`EpisodeStats.end_steps`)."""
+    normalizer: Normalizer | None = None
+    """Its observation and reward statistics, with task.normalize_observation or task.normalize_reward."""
 
     @classmethod
-    def take(cls, env: gym.Env, episode_return: float, episode_length: int, step_count: int) -> SubEnvState:
+    def take(
+        cls, env: gym.Env, episode_return: float, episode_length: int, step_count: int, normalizer: Normalizer | None
+    ) -> SubEnvState:
         """The state of `env` now; `revive` gives it back as it is, whether pickled in between or not."""
-        return cls(env, env.unwrapped.np_random, _get_physics(env), episode_return, episode_length, step_count)
+        physics = _get_physics(env)
+        return cls(env, env.unwrapped.np_random, physics, episode_return, episode_length, step_count, normalizer)
 
     def revive(self) -> gym.Env:
         """The simulator as it was taken, also when unpickling rebuilt it fresh from its constructor arguments."""
@@ -133,7 +139,9 @@ class EnvSlice:
     advantages follow CleanRL's convention of treating truncation like termination (see `compute_gae`).
     """
 
-    def __init__(self, task: str, start: int, end: int, seed: int, **env_kwargs: Any) -> None:
+    def __init__(
+        self, task: str, start: int, end: int, seed: int, normalize: Normalization | None = None, **env_kwargs: Any
+    ) -> None:
         if not 0 <= start < end:
             raise ValueError(f"env slice [{start}, {end}) must be a non-empty range of non-negative global indices")
         self.start, self.end, self.seed = start, end, seed
@@ -141,6 +149,9 @@ class EnvSlice:
         first = self.envs[0]
         self.obs_dim = flat_dim(first.observation_space)
         self._flatten = observation_flattener(first.observation_space)
+        self.normalizers = [None if normalize is None else normalize.new(self.obs_dim) for _ in self.envs]
+        """Each sub-env's running statistics (`normalize`), None when the run normalises nothing."""
+        self._normalizing = normalize is not None
         self.action_spec = ActionSpec.from_space(first.action_space)
         if not self.action_spec.discrete:
             self._low = np.asarray(self.action_spec.low, dtype=np.float32)
@@ -166,7 +177,7 @@ class EnvSlice:
         for i, env in enumerate(self.envs):
             seed = None if self._seeded else self.seed + self.start + i
             o, _ = env.reset(seed=seed)
-            obs[i] = o if self._flatten is None else self._flatten(o)
+            obs[i] = self._observed(i, o)
         self._seeded = True
         self._running_return = [0.0] * self.num_envs
         self._running_length = [0] * self.num_envs
@@ -187,6 +198,7 @@ class EnvSlice:
         obs, rewards, terminated, truncated = [], [], [], []  # lists, then one array each: cheaper than item writes
         self._step_count += 1
         ret, length, finished = self._running_return, self._running_length, self._finished
+        normalizers = self.normalizers
         for i, env in enumerate(self.envs):
             o, r, term, trunc, _ = env.step(actions[i])
             ret[i] += r
@@ -198,12 +210,14 @@ class EnvSlice:
                 finished.end_steps.append(self._step_count)
                 ret[i], length[i] = 0.0, 0
                 o, _ = env.reset()
+            if normalizers[i] is not None:
+                r = normalizers[i].reward(r, term)
             obs.append(o)
             rewards.append(r)
             terminated.append(term)
             truncated.append(trunc)
-        if self._flatten is not None:
-            obs = [self._flatten(o) for o in obs]
+        if self._flatten is not None or self._normalizing:
+            obs = [self._observed(i, o) for i, o in enumerate(obs)]
         return (
             np.asarray(obs, dtype=np.float32),
             np.asarray(rewards, dtype=np.float32),
@@ -211,13 +225,17 @@ class EnvSlice:
             np.asarray(truncated, dtype=bool),
         )
 
+    def _observed(self, i: int, obs: Any) -> np.ndarray:
+        """Sub-env i's observation as the policy gets it: flattened, then normalised when the run normalises."""
+        flat = obs if self._flatten is None else self._flatten(obs)
+        normalizer = self.normalizers[i]
+        return flat if normalizer is None else normalizer.observation(np.asarray(flat, dtype=np.float32))
+
     def states(self) -> list[SubEnvState]:
         """Each sub-env's state, in global index order. Take it between steps after `pop_episode_stats`: episodes
         finished but not yet popped are not part of it."""
-        return [
-            SubEnvState.take(env, ret, length, self._step_count)
-            for env, ret, length in zip(self.envs, self._running_return, self._running_length, strict=True)
-        ]
+        parts = zip(self.envs, self._running_return, self._running_length, self.normalizers, strict=True)
+        return [SubEnvState.take(env, ret, length, self._step_count, norm) for env, ret, length, norm in parts]
 
     def restore(self, states: Sequence[SubEnvState]) -> None:
         """Continue from `states` (one per sub-env, in global index order), whichever split of slices took them.
@@ -226,6 +244,7 @@ class EnvSlice:
         """
         self.close()
         self.envs = [state.revive() for state in states]
+        self.normalizers = [state.normalizer for state in states]
         self._running_return = [state.episode_return for state in states]
         self._running_length = [state.episode_length for state in states]
         self._step_count = states[0].step_count

@@ -19,7 +19,15 @@ import numpy as np
 
 from rlplace.core.timing import interleaved_medians
 from rlplace.embodied.config import EmbodiedConfig
-from rlplace.embodied.envs import ActionSpec, EnvSlice, EpisodeStats, SubEnvState, env_spec, merge_episode_stats
+from rlplace.embodied.envs import (
+    ActionSpec,
+    EnvSlice,
+    EpisodeStats,
+    Normalization,
+    SubEnvState,
+    env_spec,
+    merge_episode_stats,
+)
 from rlplace.embodied.streams import all_streams
 from rlplace.scheduler import Channel, Worker, timer
 
@@ -56,13 +64,17 @@ class EnvWorker(Worker):
         cap = cfg.task.max_episode_steps
         self.env_kwargs = {} if cap is None else {"max_episode_steps": cap}
         """What each simulator is made with: the run's slices and the throwaway ones of `profile_step`."""
-        self.slices = [
-            EnvSlice(cfg.task.env_id, s.start, s.end, cfg.runner.seed, **self.env_kwargs) for s in self.streams
-        ]
+        observations, rewards = cfg.task.normalize_observation, cfg.task.normalize_reward
+        self.normalize = Normalization(observations, rewards, cfg.algorithm.gamma) if observations or rewards else None
+        """What each slice normalises (None: nothing), the throwaway ones of `profile_step` too."""
+        self.slices = [self._slice(s.start, s.end) for s in self.streams]
         self.obs = [env.reset() for env in self.slices]
         self.dones = [np.zeros(env.num_envs, dtype=np.float32) for env in self.slices]
         self.first_sent = False
         """Whether the rollout already has the observations the next step starts from."""
+
+    def _slice(self, start: int, end: int) -> EnvSlice:
+        return EnvSlice(self.cfg.task.env_id, start, end, self.cfg.runner.seed, self.normalize, **self.env_kwargs)
 
     def interact(self, num_steps: int, obs_channel: Channel, action_channel: Channel) -> EpisodeStats:
         """Run `num_steps` steps on every stream, sending observations to the rollout on `obs_channel` and taking
@@ -103,7 +115,7 @@ class EnvWorker(Worker):
         try:
             steps = []
             for n in sizes:
-                env = EnvSlice(self.cfg.task.env_id, 0, n, self.cfg.runner.seed, **self.env_kwargs)
+                env = self._slice(0, n)
                 envs.append(env)
                 env.reset()
                 actions = itertools.cycle([_random_actions(spec, n, rng) for _ in range(PROFILE_ACTIONS)])
