@@ -31,9 +31,6 @@ from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem, encode_prompts
 from rlplace.scheduler import Channel, Worker, timer
 
-EVAL_CHUNK_SAMPLES = 256
-"""Held-out answers generated per engine call."""
-
 
 class LLMRolloutWorker(Worker):
     def __init__(self, cfg: ReasoningConfig, model_path: str, reward_world_size: int) -> None:
@@ -143,21 +140,26 @@ class LLMRolloutWorker(Worker):
     @timer("evaluate")
     def evaluate(self) -> list[Answered]:
         """This rank's share of the held-out split, each problem answered `rollout.eval_samples` times at
-        `rollout.eval_temperature`, with the answers' scores (`reasoning.evaluation`)."""
-        rollout = self.cfg.rollout
+        `rollout.eval_temperature`, with the answers' scores (`reasoning.evaluation`). Generated as many rows at a
+        time as a training micro-batch (micro_batch_prompts x group_size), so that evaluating needs no more device
+        memory than generating does, which is what the planner's memory model counts (`reasoning.memory`)."""
+        rollout, samples = self.cfg.rollout, self.cfg.rollout.eval_samples
         problems = self.source.eval_set()
         mine = range(self.rank, len(problems), self.world_size)
-        per_chunk = max(1, EVAL_CHUNK_SAMPLES // rollout.eval_samples)
+        rows = [(i, key) for i in mine for key in sample_ids(i, samples)]
+        per_call = rollout.micro_batch_prompts * self.cfg.algorithm.group_size
+        scores: list[float] = []
+        for first in range(0, len(rows), per_call):
+            chunk = [problems[i] for i, _ in rows[first : first + per_call]]
+            keys = [key for _, key in rows[first : first + per_call]]
+            prompts, responses = self._tokens(chunk, keys, rollout.eval_temperature)
+            scores += [s[SCORE] for s in self.reward.scores(chunk, decode(self.tokenizer, prompts, responses))]
         answered = []
-        for chunk in (mine[start : start + per_chunk] for start in range(0, len(mine), per_chunk)):
-            rows = [problems[i] for i in chunk for _ in range(rollout.eval_samples)]
-            keys = [key for i in chunk for key in sample_ids(i, rollout.eval_samples)]
-            prompts, responses = self._tokens(rows, keys, rollout.eval_temperature)
-            scores = [s[SCORE] for s in self.reward.scores(rows, decode(self.tokenizer, prompts, responses))]
-            for n, i in enumerate(chunk):
-                source = problems[i].extra.get("data_source")
-                answer_scores = scores[n * rollout.eval_samples : (n + 1) * rollout.eval_samples]
-                answered.append(Answered(i, None if source is None else str(source), answer_scores))
+        for n, i in enumerate(mine):
+            source = problems[i].extra.get("data_source")
+            answered.append(
+                Answered(i, None if source is None else str(source), scores[n * samples : (n + 1) * samples])
+            )
         return answered
 
     @timer("offload")
