@@ -328,6 +328,30 @@ def test_prompts_render_with_the_chat_template_when_the_tokenizer_has_one() -> N
         encode_prompts(tokenizer, [plain], arithmetic)
 
 
+def test_a_prompt_template_frames_the_users_turn_and_leaves_the_record_alone() -> None:
+    """R1-Zero style: a base model asked through a template, raw or inside the chat template; braces of the
+    template's own text (a `\\boxed{}` instruction) stay as they are."""
+    from rlplace.reasoning.models.tiny_qwen2 import train_tokenizer
+    from rlplace.reasoning.tasks.prompts import encode_prompts
+
+    tokenizer = train_tokenizer(["User: What is 2+3? Put it in \\boxed{}. Assistant: <think> 5"] * 4, vocab_size=300)
+    template = "User: {prompt} Put it in \\boxed{}. Assistant: <think>"
+    plain = Problem("What is 2+3?", "5")
+    task = ArithmeticTaskConfig(prompt_template=template, apply_chat_template=False)
+    (ids,) = encode_prompts(tokenizer, [plain], task)
+    assert tokenizer.decode(ids) == "User: What is 2+3? Put it in \\boxed{}. Assistant: <think>"
+    task.apply_chat_template = None  # the chat template renders the templated turn
+    chat = Problem("What is 2+3?", "5", messages=tuple(CHAT["messages"]))
+    (ids,) = encode_prompts(tokenizer, [chat], task)
+    assert tokenizer.decode(ids) == (
+        "<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\nUser: What is 2+3? Put it in \\boxed{}. "
+        "Assistant: <think><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert plain.prompt == "What is 2+3?" and chat.messages[-1]["content"] == "What is 2+3?"
+    with pytest.raises(ConfigError, match=r"task.prompt_template = 'Q: A:' is invalid: null, or a text holding"):
+        ArithmeticTaskConfig(prompt_template="Q: A:")
+
+
 def test_prompts_too_long_for_the_model_are_refused_before_any_worker_starts(tmp_path: Path, model_path: Path) -> None:
     """The tiny LM's context is 128 tokens: a 121-token prompt leaves room for 7 new ones, a 129-token one for none;
     the error names what to change."""

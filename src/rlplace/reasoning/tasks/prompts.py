@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlplace.core.errors import ConfigError
 
+from .registry import PROMPT
+
 if TYPE_CHECKING:
     from .registry import ReasoningTaskConfig
 
@@ -77,18 +79,27 @@ def uses_chat_template(tokenizer: Any, task: ReasoningTaskConfig) -> bool:
     return task.apply_chat_template
 
 
+def conversation(problem: Problem, task: ReasoningTaskConfig) -> list[Mapping[str, str]]:
+    """The problem's turns (a plain prompt as the user's one), the last (the user's) through task.prompt_template."""
+    turns = list(problem.messages) or [{"role": "user", "content": problem.prompt}]
+    if task.prompt_template is not None:
+        turns[-1] = {**turns[-1], "content": task.prompt_template.replace(PROMPT, turns[-1]["content"])}
+    return turns
+
+
 def encode_prompts(tokenizer: Any, problems: Sequence[Problem], task: ReasoningTaskConfig) -> list[list[int]]:
     """The token ids of each problem's prompt as the model is asked it: one rendering for generation, evaluation and
     pretraining alike. With a chat template, the conversation (the system prompt, then the record's turns or the
-    prompt as the user's) plus the template's generation prompt, and no special tokens beyond the template's;
-    without one, the prompt text after the system prompt's line, with the tokenizer's usual special tokens."""
+    prompt as the user's, through task.prompt_template) plus the template's generation prompt, and no special tokens
+    beyond the template's; without one, the prompt text after the system prompt's line, with the tokenizer's usual
+    special tokens."""
     if not uses_chat_template(tokenizer, task):
         system = "" if task.system_prompt is None else task.system_prompt + "\n"
-        texts = [system + "\n".join(m["content"] for m in p.messages or [{"content": p.prompt}]) for p in problems]
+        texts = [system + "\n".join(m["content"] for m in conversation(p, task)) for p in problems]
         return tokenizer(texts)["input_ids"]
     texts = []
     for problem in problems:
-        turns = list(problem.messages) or [{"role": "user", "content": problem.prompt}]
+        turns = conversation(problem, task)
         if task.system_prompt is not None and turns[0]["role"] != "system":
             turns.insert(0, {"role": "system", "content": task.system_prompt})
         texts.append(tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True))

@@ -40,6 +40,10 @@ class ReasoningTaskConfig:
     model) sees the same held-out split."""
     system_prompt: str | None = None
     """A system turn before each prompt (with a chat template; without one, a line before the prompt)."""
+    prompt_template: str | None = None
+    """The user's turn as the model is asked it, `{prompt}` standing for the record's prompt (OpenRLHF's
+    `input_template`; the R1-Zero style of asking a base model: "User: {prompt}\nAssistant: <think>"). None: the
+    prompt as it is. Rewards still get the record's prompt."""
     apply_chat_template: bool | None = None
     """Render prompts with the tokenizer's chat template and its generation prompt; None: when the tokenizer has one
     (the tiny LM's character tokenizer has none)."""
@@ -55,6 +59,12 @@ class ReasoningTaskConfig:
         check(self.prompts_per_step >= 1, "task.prompts_per_step", self.prompts_per_step, "at least 1")
         check(self.eval_size >= 1, "task.eval_size", self.eval_size, "at least 1")
         check(self.data_seed >= 0, "task.data_seed", self.data_seed, "0 or more")
+        check(
+            self.prompt_template is None or PROMPT in self.prompt_template,
+            "task.prompt_template",
+            self.prompt_template,
+            f"null, or a text holding {PROMPT} where the record's prompt goes",
+        )
 
     def origin(self, split: str) -> tuple[str, object]:
         """The config key, and its value, that the problems of `split` ("train" or "eval") come from, for an error
@@ -65,6 +75,9 @@ class ReasoningTaskConfig:
         """The task's problems; its streams are seeded by `data_seed`."""
         raise NotImplementedError(f"{type(self).__name__} builds no prompt source: register a task's own schema")
 
+
+PROMPT = "{prompt}"
+"""Where `task.prompt_template` puts the record's prompt."""
 
 TASKS: Registry[type[ReasoningTaskConfig]] = Registry("task.name")
 """`task.name` -> the task's config dataclass (its schema, whose `prompt_source` builds the task)."""
