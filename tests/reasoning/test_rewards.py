@@ -14,11 +14,11 @@ from rlplace.reasoning.rewards import (
     OVERLONG,
     REWARDS,
     Decoded,
+    OpenRLHFReward,
     RewardFunction,
     absolute,
     answer_format,
     boxed,
-    decode,
     gsm8k,
     gsm8k_number,
     last_boxed,
@@ -283,9 +283,13 @@ def test_a_short_response_is_scored_without_the_padding_after_it() -> None:
     prompts = [tokenizer("3+4=")["input_ids"], tokenizer("40+2=")["input_ids"]]
     batch = pack(0, prompts, [[11, 1], [8, 6]], problems, width=6)  # "7<eos>", "42" (cut at max_new_tokens)
     assert batch.responses[0].tolist() == [11, 1, 0, 0, 0, 0]
-    decoded = decode(tokenizer, batch.prompt_ids(), batch.response_ids())
+    exact = reward_function("exact_match")
+    decoded = exact.decode(tokenizer, batch.prompt_ids(), batch.response_ids())
+    assert decoded == Decoded(["7", "42"], [], [])  # the prompts and queries only for a reward that reads them
+    assert [s["score"] for s in exact.scores(problems, decoded)] == [1.0, 1.0]
+    openrlhf = RewardFunction("openrlhf", OpenRLHFReward(lambda queries, prompts, labels: [0.0] * len(queries)))
+    decoded = openrlhf.decode(tokenizer, batch.prompt_ids(), batch.response_ids())
     assert decoded == Decoded(["7", "42"], ["3+4=", "40+2="], ["3+4=7<eos>", "40+2=42"])
-    assert [s["score"] for s in reward_function("exact_match").scores(problems, decoded)] == [1.0, 1.0]
     assert tokenizer.batch_decode(batch.responses, skip_special_tokens=True)[0] == "7!!!!"  # what it read before
 
 

@@ -35,7 +35,7 @@ from rlplace.reasoning.models.hf_folder import check_model_folder
 from rlplace.reasoning.models.registry import MODELS
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.reasoning.models.tokenizer import load_tokenizer
-from rlplace.reasoning.rewards import SCORE, RewardFunction, decode
+from rlplace.reasoning.rewards import SCORE, RewardFunction
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem, PromptSource, encode_prompts
 from rlplace.reasoning.tasks.registry import ReasoningTaskConfig
@@ -270,7 +270,7 @@ def greedy_accuracy(
     if not problems:
         raise ValueError("greedy_accuracy needs at least one problem")
     prompts = encode_prompts(tokenizer, problems, task)
-    decoded = decode(tokenizer, prompts, greedy_responses(model, tokenizer, prompts, max_new_tokens, batch_size))
+    decoded = reward.decode(tokenizer, prompts, greedy_responses(model, tokenizer, prompts, max_new_tokens, batch_size))
     return sum(scores[SCORE] for scores in reward.scores(problems, decoded)) / len(problems)
 
 

@@ -197,17 +197,7 @@ class Decoded(NamedTuple):
     """Each prompt as the model was asked it (system prompt and chat template rendered), special tokens kept."""
     queries: list[str]
     """Prompt and response together, special tokens kept (the response's end token included): OpenRLHF's
-    `queries`."""
-
-
-def decode(tokenizer: Any, prompt_ids: Sequence[list[int]], response_ids: Sequence[list[int]]) -> Decoded:
-    """`Decoded` texts of unpadded prompt and response token ids."""
-    queries = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
-    return Decoded(
-        tokenizer.batch_decode(list(response_ids), skip_special_tokens=True),
-        tokenizer.batch_decode(list(prompt_ids)),
-        tokenizer.batch_decode(queries),
-    )
+    `queries`. Prompts and queries are decoded only for a reward that reads them (`RewardFunction.decode`)."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +220,15 @@ class RewardFunction:
                 f'whose "{SCORE}" entry is the training reward'
             )
         return {name: float(v) for name, v in named.items()}
+
+    def decode(self, tokenizer: Any, prompt_ids: Sequence[list[int]], response_ids: Sequence[list[int]]) -> Decoded:
+        """The texts this reward reads of unpadded prompt and response token ids: the responses; the prompts and the
+        queries too for an OpenRLHF reward (empty otherwise: decoding them costs per micro-batch)."""
+        responses = tokenizer.batch_decode(list(response_ids), skip_special_tokens=True)
+        if not isinstance(self.function, OpenRLHFReward):
+            return Decoded(responses, [], [])
+        queries = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
+        return Decoded(responses, tokenizer.batch_decode(list(prompt_ids)), tokenizer.batch_decode(queries))
 
     def scores(self, problems: Sequence[Problem], decoded: Decoded) -> list[Scores]:
         """The named scores of each response to its problem: one call per response, or one per batch for an OpenRLHF

@@ -17,7 +17,7 @@ from rlplace.core.offload import HostCopies, move
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.tokenizer import load_tokenizer
-from rlplace.reasoning.rewards import METRIC_PREFIX, SCORE, Scores, decode, with_model, with_overlong_penalty
+from rlplace.reasoning.rewards import METRIC_PREFIX, SCORE, Scores, with_model, with_overlong_penalty
 from rlplace.reasoning.streams import consumer_key, micro_batches_of
 from rlplace.scheduler import Channel, Worker, timer
 
@@ -56,7 +56,7 @@ class RewardWorker(Worker):
         """The named scores of each decoded response: the rule reward's, joined with the reward model's if any, and
         the overlong penalty with reward.overlong_buffer."""
         response_ids = batch.response_ids()
-        decoded = decode(self.tokenizer, batch.prompt_ids(), response_ids)
+        decoded = self.reward.decode(self.tokenizer, batch.prompt_ids(), response_ids)
         scores = self.reward.scores(batch.problems, decoded)
         if self.model is not None:
             weight = self.cfg.reward.model_weight

@@ -19,7 +19,7 @@ from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.evaluation import Answered, sample_ids
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
 from rlplace.reasoning.models.tokenizer import load_tokenizer
-from rlplace.reasoning.rewards import SCORE, decode
+from rlplace.reasoning.rewards import SCORE
 from rlplace.reasoning.streams import (
     FILTERED_GROUPS,
     GENERATION_ROUNDS,
@@ -102,7 +102,7 @@ class LLMRolloutWorker(Worker):
             if not alg.filter_groups:
                 kept = samples
                 break
-            scores = [s[SCORE] for s in self.reward.scores(rows, decode(self.tokenizer, ids, responses))]
+            scores = [s[SCORE] for s in self.reward.scores(rows, self.reward.decode(self.tokenizer, ids, responses))]
             for g in range(size):
                 same = len(set(scores[g * group : (g + 1) * group])) == 1
                 (dropped if same else kept).extend(samples[g * group : (g + 1) * group])
@@ -153,7 +153,9 @@ class LLMRolloutWorker(Worker):
             chunk = [problems[i] for i, _ in rows[first : first + per_call]]
             keys = [key for _, key in rows[first : first + per_call]]
             prompts, responses = self._tokens(chunk, keys, rollout.eval_temperature)
-            scores += [s[SCORE] for s in self.reward.scores(chunk, decode(self.tokenizer, prompts, responses))]
+            scores += [
+                s[SCORE] for s in self.reward.scores(chunk, self.reward.decode(self.tokenizer, prompts, responses))
+            ]
         answered = []
         for n, i in enumerate(mine):
             source = problems[i].extra.get("data_source")
