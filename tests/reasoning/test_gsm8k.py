@@ -61,7 +61,8 @@ def _sharded(folder: Path, split: str, suffixes: tuple[str, ...], count: int | N
 @pytest.mark.slow
 def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
     """On the shipped problems in shards as a user's data comes: the training split as a glob pattern of JSONL
-    shards and a Parquet file, the held-out split as a list of two files from two sources, answered twice each."""
+    shards and a Parquet file, the held-out split as a list of two files from two sources, answered twice each after
+    training only."""
     data = tmp_path / "data"
     _sharded(data, "train", (".jsonl", ".jsonl", ".parquet"))
     evals = _sharded(data, "test", (".jsonl", ".jsonl"), count=8)
@@ -75,6 +76,7 @@ def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
         "rollout.micro_batch_prompts=2",
         "rollout.eval_samples=2",
         "rollout.eval_temperature=1.0",
+        "runner.eval_before_train=false",  # evaluated after the last step only
         "algorithm.group_size=4",
         "runner.max_steps=2",
         "logger=jsonl",
@@ -96,5 +98,8 @@ def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
     sources = [last["eval/accuracy/test0"], last["eval/accuracy/test1"]]
     assert last["eval/accuracy"] == pytest.approx(sum(sources) / 2)
     assert last["eval/accuracy"] <= last["eval/best@2"] <= 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "eval/accuracy_before" not in summary and summary["eval/accuracy_after"] == last["eval/accuracy"]
+    assert f"held-out accuracy {last['eval/accuracy']:.3f} after 2 steps" in done.stdout
     assert load_tokenizer(run_dir / "final_model").chat_template is not None
     assert next((tmp_path / "pretrained").glob("tiny_qwen2-dataset-*/pretrain.json"))

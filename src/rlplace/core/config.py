@@ -229,8 +229,10 @@ class RunnerConfig:
     stop_when_solved: bool = True
     """Stop before max_steps once the last 20 episodes reach task.solved_return (embodied tasks)."""
     eval_interval: int = 10
-    """Reasoning tasks: steps between greedy evaluations on the held-out split (also before the first step and
-    after the last)."""
+    """Reasoning tasks: steps between evaluations on the held-out split (also after the last step)."""
+    eval_before_train: bool = True
+    """Reasoning tasks: evaluate before the first step too (verl's `val_before_train`); false saves that evaluation's
+    time at the start, and the run reports no accuracy before training."""
     max_staleness: int = 0
     """K: the rollouts of step t are generated with policy version max(0, t - K), exactly, so the numbers depend on
     the seed and K, never on placement or timing. 0 is the synchronous loop; K >= 1 lets generation run K steps

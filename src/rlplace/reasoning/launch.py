@@ -6,6 +6,7 @@ all starting from the same model folder, then the loop. The reasoning counterpar
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -137,10 +138,11 @@ def run_labels(cfg: ReasoningConfig) -> dict[str, Any]:
 
 def summary(cfg: ReasoningConfig, mode: str, final: dict[str, float], run_dir: Path) -> tuple[str, float]:
     """The closing line, and the sweep objective (held-out accuracy after training)."""
+    before, after = final.get("eval/accuracy_before"), final.get("eval/accuracy_after", math.nan)
+    accuracy = f"{after:.3f}" if before is None else f"{before:.3f} -> {after:.3f}"
     line = (
-        f"rlplace: done: {mode} placement, held-out accuracy "
-        f"{final['eval/accuracy_before']:.3f} -> {final['eval/accuracy_after']:.3f} after "
+        f"rlplace: done: {mode} placement, held-out accuracy {accuracy} after "
         f"{final['run/steps']:.0f} steps, {final['run/train_seconds']:.0f} s of training, "
         f"{final['run/tokens_per_s']:.0f} tokens/s; outputs (and final_model/) in {run_dir}"
     )
-    return line, final["eval/accuracy_after"]
+    return line, after

@@ -11,9 +11,9 @@ Each step:
   5. record               time/*, throughput/*, util/*, train/*, rollout/*, reward/*, eval/* -> metrics.jsonl, logger
 With runner.max_staleness = K > 0, rollout/* and reward/* describe the batch trained on (generated K steps earlier) and
 throughput/* the tokens generated during the step. Accuracy on the held-out split (`reasoning.evaluation`) is
-measured before the first step, every `runner.eval_interval` steps and after the last; the trained policy is written
-as a Hugging Face folder at the end. With runner.profile=true, profile.json records what the planner needs beside the
-timeline (`reasoning.profile`).
+measured before the first step (`runner.eval_before_train`), every `runner.eval_interval` steps and after the last;
+the trained policy is written as a Hugging Face folder at the end. With runner.profile=true, profile.json records
+what the planner needs beside the timeline (`reasoning.profile`).
 
 Checkpoints (every `runner.save_interval` steps and after the last) hold the actor's state, the micro-batches it has
 not trained on yet (K > 0) and the loop's counters, and nothing of the other groups: their weights are the actor's,
@@ -197,8 +197,9 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         return metrics
 
     def before_run(self) -> None:
-        """The evaluation before the first step (a resumed run has it in its restored history)."""
-        if self.start_step == 0:
+        """The evaluation before the first step, with runner.eval_before_train (a resumed run has it in its restored
+        history)."""
+        if self.start_step == 0 and self.cfg.runner.eval_before_train:
             self.evaluate(0)
             self.eval_seconds = 0.0  # before the loop's clock starts
 
@@ -212,16 +213,19 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
 
     def finish(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
         """The last step's metrics, tokens/s over the training time (evaluations left out), the accuracy before
-        and after; the trained policy is written to final_model/. A preempted run is not evaluated out of schedule,
-        so that its resumption logs what the uninterrupted run would have."""
+        and after (where evaluated); the trained policy is written to final_model/. A preempted run is not evaluated
+        out of schedule, so that its resumption logs what the uninterrupted run would have."""
         elapsed = seconds - self.eval_seconds
         self.actor.save_model(str(self.run_dir / "final_model")).wait()  # every rank: the gather is collective
         final = dict(metrics)
         final["run/tokens_per_s"] = self.tokens / elapsed
         final["run/train_seconds"] = elapsed
         final["run/steps"] = self.version  # one update per step: fewer than max_steps when preempted
-        final["eval/accuracy_before"] = self.accuracy[0][1]
-        final["eval/accuracy_after"] = self.accuracy[-1][1]
+        before = [accuracy for step, accuracy in self.accuracy if step == 0]
+        if before:  # evaluated before training (runner.eval_before_train)
+            final["eval/accuracy_before"] = before[0]
+        if self.accuracy:  # none yet when preempted before the first evaluation
+            final["eval/accuracy_after"] = self.accuracy[-1][1]
         if self.cfg.runner.profile and not preemption.requested():  # a preempted run must stop soon
             self.write_profile()
         return final
