@@ -441,13 +441,16 @@ def test_profile_times_each_component_after_the_run(hybrid_run: Path, collocated
 
 
 @pytest.mark.slow
-def test_a_checkpoint_refuses_another_number_of_envs(compose_cfg, hybrid_run: Path) -> None:
+def test_a_checkpoint_refuses_another_number_of_envs_or_normalisation(compose_cfg, hybrid_run: Path) -> None:
     folder = hybrid_run / "checkpoints" / "step_000001"
     check_checkpoint(resolve(compose_cfg(*TINY, *ONE_ENV_PROCESS)).cfg, folder)  # another placement: accepted
     with pytest.raises(ConfigError, match="written with task.total_num_envs = 4, this run has 8") as refused:
         check_checkpoint(resolve(compose_cfg(*TINY, "task.total_num_envs=8")).cfg, folder)
     assert str(refused.value).startswith(f"runner.resume = {str(folder)!r}")
     assert "\n" not in str(refused.value)
+    # Its sub-envs carry no normalisation statistics: a run that normalises cannot continue it exactly.
+    with pytest.raises(ConfigError, match="written with task.normalize_reward = False, this run has True"):
+        check_checkpoint(resolve(compose_cfg(*TINY, "task.normalize_reward=true")).cfg, folder)
 
 
 @pytest.mark.parametrize(

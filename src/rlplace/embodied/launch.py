@@ -72,12 +72,15 @@ def runner(cfg: EmbodiedConfig, starting: StartingRun, context: RunContext) -> E
 
 def checkpoint_identity(cfg: EmbodiedConfig) -> dict[str, Any]:
     """What a checkpoint must share with the run that resumes it: the number of stored sub-envs, the simulator and
-    time limit pickled with each, and the shapes of the weights. Not the placement: sub-envs are stored by global
-    env index, so any split of envs over env processes and stages takes them back."""
+    time limit pickled with each, what is normalised (whose statistics each carries), and the shapes of the weights.
+    Not the placement: sub-envs are stored by global env index, so any split of envs over env processes and stages
+    takes them back."""
     return {
         "task.total_num_envs": cfg.task.total_num_envs,
         "task.env_id": cfg.task.env_id,
         "task.max_episode_steps": cfg.task.max_episode_steps,
+        "task.normalize_observation": cfg.task.normalize_observation,  # the statistics travel with the sub-envs
+        "task.normalize_reward": cfg.task.normalize_reward,
         "model.hidden_sizes": cfg.model.hidden_sizes,
         "runner.max_staleness": cfg.runner.max_staleness,  # a checkpoint holds the K batches generated ahead
     }
