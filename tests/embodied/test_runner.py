@@ -449,7 +449,7 @@ def test_a_checkpoint_refuses_another_number_of_envs_or_normalisation(compose_cf
     assert str(refused.value).startswith(f"runner.resume = {str(folder)!r}")
     assert "\n" not in str(refused.value)
     # Its sub-envs carry no normalisation statistics: a run that normalises cannot continue it exactly.
-    with pytest.raises(ConfigError, match="written with task.normalize_reward = False, this run has True"):
+    with pytest.raises(ConfigError, match="written with task.normalize_reward = None, this run has True"):
         check_checkpoint(resolve(compose_cfg(*TINY, "task.normalize_reward=true")).cfg, folder)
 
 

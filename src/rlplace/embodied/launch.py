@@ -79,8 +79,9 @@ def checkpoint_identity(cfg: EmbodiedConfig) -> dict[str, Any]:
         "task.total_num_envs": cfg.task.total_num_envs,
         "task.env_id": cfg.task.env_id,
         "task.max_episode_steps": cfg.task.max_episode_steps,
-        "task.normalize_observation": cfg.task.normalize_observation,  # the statistics travel with the sub-envs
-        "task.normalize_reward": cfg.task.normalize_reward,
+        # Whose statistics the sub-envs carry; None when off, as checkpoints from before these keys read.
+        "task.normalize_observation": cfg.task.normalize_observation or None,
+        "task.normalize_reward": cfg.task.normalize_reward or None,
         "model.hidden_sizes": cfg.model.hidden_sizes,
         "runner.max_staleness": cfg.runner.max_staleness,  # a checkpoint holds the K batches generated ahead
     }
