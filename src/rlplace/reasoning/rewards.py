@@ -289,8 +289,7 @@ class OpenRLHFReward:
         value = self.function(decoded.queries, decoded.prompts, labels)
         named = {SCORE: value.get("rewards"), **(value.get("extra_logs") or {})} if isinstance(value, Mapping) else {}
         columns = {name: _per_row(values, rows) for name, values in (named or {SCORE: value}).items()}
-        bad = [name for name, column in columns.items() if column is None]
-        if bad:
+        if any(column is None for column in columns.values()):
             raise TypeError(
                 f"{KEY} = {spec!r} returned {value!r}: an OpenRLHF reward returns {rows} rewards (a tensor, array or "
                 'list), or a dict with them under "rewards" and an "extra_logs" dict of as many values per name'

@@ -151,7 +151,6 @@ class EnvSlice:
         self._flatten = observation_flattener(first.observation_space)
         self.normalizers = [None if normalize is None else normalize.new(self.obs_dim) for _ in self.envs]
         """Each sub-env's running statistics (`normalize`), None when the run normalises nothing."""
-        self._normalizing = normalize is not None
         self.action_spec = ActionSpec.from_space(first.action_space)
         if not self.action_spec.discrete:
             self._low = np.asarray(self.action_spec.low, dtype=np.float32)
@@ -216,7 +215,7 @@ class EnvSlice:
             rewards.append(r)
             terminated.append(term)
             truncated.append(trunc)
-        if self._flatten is not None or self._normalizing:
+        if self._flatten is not None or normalizers[0] is not None:
             obs = [self._observed(i, o) for i, o in enumerate(obs)]
         return (
             np.asarray(obs, dtype=np.float32),

@@ -64,10 +64,9 @@ class RewardWorker(Worker):
             scores = [with_model(rule, m, weight) for rule, m in zip(scores, model, strict=True)]
         reward = self.cfg.reward
         if reward.overlong_buffer:
-            width = self.cfg.rollout.max_new_tokens
+            width, buffer, factor = self.cfg.rollout.max_new_tokens, reward.overlong_buffer, reward.overlong_penalty
             pairs = zip(scores, response_ids, strict=True)
-            shaped = (reward.overlong_buffer, reward.overlong_penalty)
-            scores = [with_overlong_penalty(s, len(ids), width, *shaped) for s, ids in pairs]
+            scores = [with_overlong_penalty(s, len(ids), width, buffer, factor) for s, ids in pairs]
         return scores
 
     @timer("offload")

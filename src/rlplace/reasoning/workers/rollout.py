@@ -150,9 +150,9 @@ class LLMRolloutWorker(Worker):
         per_call = rollout.micro_batch_prompts * self.cfg.algorithm.group_size
         scores: list[float] = []
         for first in range(0, len(rows), per_call):
-            chunk = [problems[i] for i, _ in rows[first : first + per_call]]
-            keys = [key for _, key in rows[first : first + per_call]]
-            prompts, responses = self._tokens(chunk, keys, rollout.eval_temperature)
+            part = rows[first : first + per_call]
+            chunk = [problems[i] for i, _ in part]
+            prompts, responses = self._tokens(chunk, [key for _, key in part], rollout.eval_temperature)
             scores += [
                 s[SCORE] for s in self.reward.scores(chunk, self.reward.decode(self.tokenizer, prompts, responses))
             ]
