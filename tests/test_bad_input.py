@@ -147,6 +147,18 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
     "reasoning gamma": ("rlplace-pretrain", [*REASONING, "algorithm.gamma=2"], "algorithm.gamma = 2.0 is invalid"),
     "critic_lr": ("rlplace-plan", [*REASONING, "algorithm.critic_lr=0"], "algorithm.critic_lr = 0.0 is invalid"),
     "kl_coef": ("rlplace-plan", [*REASONING, "algorithm.kl_coef=-1"], "algorithm.kl_coef = -1.0 is invalid"),
+    "loss_agg": (
+        "rlplace-plan",
+        [*REASONING, "algorithm.loss_agg=sum"],
+        "algorithm.loss_agg = 'sum' is invalid: valid",
+    ),
+    "importance_ratio": ("rlplace-train", [*REASONING, "algorithm.importance_ratio=seq"], "token, sequence"),
+    "dual clip": ("rlplace-plan", [*REASONING, "algorithm.clip_ratio_c=1"], "algorithm.clip_ratio_c = 1.0 is invalid"),
+    "std of rloo": (
+        "rlplace-train",
+        [*REASONING, "algorithm=rloo", "algorithm.norm_adv_by_std=false"],
+        "algorithm.norm_adv_by_std = False is invalid: true with algorithm.name=rloo (only grpo divides",
+    ),
     "temperature": ("rlplace-train", [*REASONING, "rollout.temperature=-1"], "rollout.temperature = -1.0"),
     "max_new_tokens": ("rlplace-plan", [*REASONING, "rollout.max_new_tokens=0"], "rollout.max_new_tokens = 0"),
     "actor strategy": ("rlplace-train", [*REASONING, "actor.strategy=zero3"], "actor.strategy = 'zero3' is invalid"),

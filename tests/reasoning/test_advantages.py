@@ -11,6 +11,7 @@ from rlplace.reasoning.advantages import (
     masked_mean,
     masked_whiten,
     reinforce_pp_advantages,
+    rloo_advantages,
     sequence_rewards_to_tokens,
     token_gae,
 )
@@ -55,6 +56,23 @@ def test_grpo_hand_computed() -> None:
     # Without the std division (Dr. GRPO): the centred rewards [-1, 0, 1, 2, -2, 0].
     unnormalised = grpo_advantages(rewards, mask, group_size=3, norm_std=False)
     torch.testing.assert_close(unnormalised, torch.tensor([-1.0, 0.0, 1.0, 2.0, -2.0, 0.0]).unsqueeze(1) * mask)
+
+
+def test_rloo_hand_computed() -> None:
+    # Group 0: rewards [1, 0, 1, 0]: each response minus the mean of the other three: 1 - 1/3, 0 - 2/3, ...
+    # Group 1: rewards [0, 0, 0, 3]: [-1, -1, -1, 3]. Every valid token of a response gets its advantage.
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 3.0])
+    mask = _mask([2, 1, 3, 3, 2, 1, 3, 2], 3)
+    advantages = rloo_advantages(rewards, mask, group_size=4)
+    expected = torch.tensor([2 / 3, -2 / 3, 2 / 3, -2 / 3, -1.0, -1.0, -1.0, 3.0])
+    torch.testing.assert_close(advantages, expected.unsqueeze(1) * mask)
+    # The KL in the reward: each token's -kl_coef * kl is added to its return-to-go (gamma 1), as REINFORCE's.
+    kl = torch.full((8, 3), 0.5)
+    with_kl = rloo_advantages(rewards, mask, 4, token_kl=kl, kl_coef=0.2)
+    torch.testing.assert_close(with_kl[0, :2], torch.tensor([2 / 3 - 0.2, 2 / 3 - 0.1]))
+    assert with_kl[~mask].abs().max() == 0
+    with pytest.raises(ValueError, match="group_size = 1 must be at least 2"):
+        rloo_advantages(rewards, mask, group_size=1)
 
 
 def test_grpo_normalises_each_group_on_its_own() -> None:

@@ -9,6 +9,8 @@ import torch
 
 from rlplace.core.off_policy import behaviour_weight
 from rlplace.reasoning.losses import (
+    Counts,
+    aggregate_loss,
     entropy_from_logits,
     kl_divergence,
     logprobs_from_logits,
@@ -78,8 +80,95 @@ def test_policy_loss_ignores_padding() -> None:
 
 
 def test_policy_loss_unknown_agg() -> None:
-    with pytest.raises(ValueError, match="'seq_sum'.*token_mean, seq_mean_token_mean"):
+    with pytest.raises(ValueError, match="'seq_sum'.*token_mean, seq_mean_token_mean, seq_mean_token_sum"):
         token_policy_loss(OLD_LOGPROBS, OLD_LOGPROBS, ADVANTAGES, MASK, 0.2, 0.2, agg="seq_sum")
+    with pytest.raises(ValueError, match="'tokens'.*token, sequence"):
+        token_policy_loss(OLD_LOGPROBS, OLD_LOGPROBS, ADVANTAGES, MASK, 0.2, 0.2, importance_ratio="tokens")
+
+
+def test_each_loss_aggregation_hand_computed() -> None:
+    # Row 0 has 3 valid tokens [1, 2, 3], row 1 two [4, 6], the padding 100; a third row has none (it counts nowhere).
+    #   token_mean = 16 / 5; seq_mean_token_mean = mean(2, 5) = 3.5; seq_mean_token_sum = mean(6, 10) = 8;
+    #   seq_mean_token_sum_norm with a budget of 4 tokens = (6 + 10) / (2 x 4) = 2, whatever the padded width.
+    losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 6.0, 100.0], [100.0, 100.0, 100.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0]])
+    expected = {"token_mean": 3.2, "seq_mean_token_mean": 3.5, "seq_mean_token_sum": 8.0}
+    for agg, value in expected.items():
+        assert aggregate_loss(losses, mask, agg).item() == pytest.approx(value), agg
+    counts = Counts(tokens=torch.tensor(5.0), responses=torch.tensor(2.0), budget=4)
+    for agg, value in (expected | {"seq_mean_token_sum_norm": 2.0}).items():
+        assert aggregate_loss(losses, mask, agg, counts).item() == pytest.approx(value), agg
+    wider = torch.cat([losses, torch.full((3, 2), 100.0)], dim=1)
+    assert aggregate_loss(
+        wider, torch.cat([mask, torch.zeros(3, 2, dtype=mask.dtype)], 1), "seq_mean_token_sum_norm", counts
+    ).item() == pytest.approx(2.0)
+    # With counts of a global minibatch twice this one, this rank's part is half.
+    halves = Counts(tokens=torch.tensor(10.0), responses=torch.tensor(4.0), budget=4)
+    assert aggregate_loss(losses, mask, "seq_mean_token_sum_norm", halves).item() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="budget"):
+        aggregate_loss(losses, mask, "seq_mean_token_sum_norm")
+
+
+def test_a_sequence_ratio_is_the_geometric_mean_of_its_tokens_and_clipped_as_a_whole() -> None:
+    # GSPO: row 0's token log-ratios log [1.5, 0.5, 1.1] give s_0 = (1.5 x 0.5 x 1.1) ^ (1/3) = 0.9378; row 1's
+    # log [0.7, 1.0] give s_1 = 0.7 ^ (1/2) = 0.8367; the padding's junk ratio 3 is not read. With bounds [0.9, 1.1]:
+    #   row 0, s_0 inside: tokens lose -A x s_0: [-0.9378, -0.9378, 0.9378]
+    #   row 1, s_1 below 0.9: A = -1 takes max(0.8367, 0.9) = 0.9 (clipped); A = 2 takes max(-1.6733, -1.8) = -1.6733
+    #   seq_mean_token_mean = mean((-0.9378 - 0.9378 + 0.9378) / 3, (0.9 - 1.6733) / 2)
+    s0, s1 = (1.5 * 0.5 * 1.1) ** (1 / 3), 0.7**0.5
+    logprobs = OLD_LOGPROBS + RATIO.log()
+    loss, stats = token_policy_loss(
+        logprobs, OLD_LOGPROBS, ADVANTAGES, MASK, 0.1, 0.1, "seq_mean_token_mean", importance_ratio="sequence"
+    )
+    assert loss.item() == pytest.approx(((-s0) / 3 + (0.9 - 2 * s1) / 2) / 2, abs=1e-6)
+    assert stats["clip_frac"].item() == pytest.approx(1 / 5)  # row 1's first token only
+    # approx_kl stays the tokens' own, as with the token ratio.
+    _, token_stats = token_policy_loss(logprobs, OLD_LOGPROBS, ADVANTAGES, MASK, 0.1, 0.1)
+    assert stats["approx_kl"].item() == pytest.approx(token_stats["approx_kl"].item())
+
+
+def test_the_sequence_ratio_has_gspo_s_sequence_level_gradient() -> None:
+    # GSPO's objective per response, -min(s_i A_i, clip(s_i) A_i) with s_i = exp(mean_t(log π_t - log π_old_t)),
+    # averaged over responses; one advantage per response (GRPO's). Its gradient and the token form's agree.
+    torch.manual_seed(0)
+    old = -torch.rand(3, 4) * 2
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
+    advantages = torch.tensor([[1.5], [-0.5], [0.7]]).expand(3, 4)
+    start = old + torch.tensor([[0.2, -0.1, 0.05, 0.0], [0.3, 0.4, 9.0, 9.0], [-0.2, 0.1, 0.0, 9.0]])
+    token_form = start.clone().requires_grad_()
+    loss, _ = token_policy_loss(
+        token_form, old, advantages, mask, 0.2, 0.2, "seq_mean_token_mean", importance_ratio="sequence"
+    )
+    loss.backward()
+    sequence_form = start.clone().requires_grad_()
+    valid = mask.bool()
+    mean_log_ratio = torch.where(valid, sequence_form - old, 0.0).sum(-1) / valid.sum(-1)
+    s = mean_log_ratio.exp()
+    a = advantages[:, 0]
+    reference = torch.max(-a * s, -a * s.clamp(0.8, 1.2)).mean()
+    reference.backward()
+    assert loss.item() == pytest.approx(reference.item(), abs=1e-6)
+    torch.testing.assert_close(token_form.grad, sequence_form.grad)
+    assert token_form.grad[~valid].abs().max() == 0
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages() -> None:
+    # clip_ratio_c = 3: a token with A < 0 loses at most 3 |A|. Ratios [5, 2, 5], A = [-1, -1, 1]:
+    #   r = 5, A = -1: max(5, 1.2) = 5, bounded to 3 (no gradient: the bound is constant)
+    #   r = 2, A = -1: max(2, 1.2) = 2 < 3, unchanged
+    #   r = 5, A = 1: max(-5, -1.2) = -1.2, a positive advantage is never bounded
+    #   token_mean = (3 + 2 - 1.2) / 3; clip_frac_lower = 1 / 3
+    logprobs = torch.tensor([[5.0, 2.0, 5.0]]).log().requires_grad_()
+    advantages = torch.tensor([[-1.0, -1.0, 1.0]])
+    loss, stats = token_policy_loss(
+        logprobs, torch.zeros(1, 3), advantages, torch.ones(1, 3), 0.2, 0.2, clip_ratio_c=3.0
+    )
+    assert loss.item() == pytest.approx((3 + 2 - 1.2) / 3, abs=1e-6)
+    assert stats["clip_frac_lower"].item() == pytest.approx(1 / 3)
+    loss.backward()  # only r = 2 passes a gradient: -A * r / 3
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, 2 / 3, 0.0]]))
+    _, plain = token_policy_loss(logprobs, torch.zeros(1, 3), advantages, torch.ones(1, 3), 0.2, 0.2)
+    assert "clip_frac_lower" not in plain
 
 
 # The tokens above, now off-policy: RATIO is taken against the proximal policy (OLD_LOGPROBS), and the behaviour policy

@@ -1,6 +1,6 @@
 """The reasoning placements give the same metrics: `sweep=reasoning_placements` on tiny settings, one step off, with
-dynamic sampling, a sharded actor and token-budget micro-batches, as a user runs it (a module of its own, so that it
-runs beside the embodied sweeps of tests/test_report.py rather than after them).
+dynamic sampling, Dr. GRPO's loss, a sharded actor and token-budget micro-batches, as a user runs it (a module of its
+own, so that it runs beside the embodied sweeps of tests/test_report.py rather than after them).
 
 The sweep's disaggregated and hybrid jobs run: they train the sharded policy on 1 and 2 actor ranks, and the hybrid
 job offloads its rollout while inference scores. The collocated job (4 components on each of 4 devices: 16 worker
@@ -35,6 +35,7 @@ REASONING = [  # sweep=reasoning_placements on the tiny settings, one step off o
     "logger=jsonl",
     "model.pretrain.max_steps=50",  # a short pretraining: some groups get mixed rewards, many all 0
     "model.pretrain.eval_interval=50",
+    "algorithm=dr_grpo",  # its loss divides by a constant token budget, rollout.max_new_tokens, in every placement
     "algorithm.filter_groups=true",  # dynamic sampling refills micro-batches alike in every placement
     "actor.strategy=fsdp",  # the policy sharded over the actor's ranks, however many the placement gives it
     "actor.max_tokens_per_micro_batch=48",  # 3-5 rows a pass: ranks run unequal pass counts, padded to the most

@@ -50,6 +50,16 @@ def algorithm(name: str, **fields: object) -> ReasoningAlgorithmConfig:
 
 
 GRPO = algorithm("grpo", update_epochs=2, num_minibatches=2)
+BUDGET = 8
+"""rollout.max_new_tokens of these batches: more than their longest response."""
+DR_GRPO = replace(GRPO, norm_adv_by_std=False, loss_agg="seq_mean_token_sum_norm")
+GSPO = replace(
+    GRPO, importance_ratio="sequence", loss_agg="seq_mean_token_mean", clip_ratio_low=0.01, clip_ratio_high=0.01
+)
+"""The clip range is wider than the paper's 3e-4, so that some of these updates' sequence ratios are clipped and some
+are not."""
+RLOO_DUAL_CLIP = algorithm("rloo", update_epochs=2, num_minibatches=2, clip_ratio_c=1.02, loss_agg="seq_mean_token_sum")
+"""The dual clip's bound close to 1, so that it engages on some tokens of these updates."""
 
 
 @pytest.fixture(scope="module")
@@ -310,6 +320,7 @@ def _train(
             strategy=Replica(world_size, torch.device("cpu"), average=average) if world_size > 1 else None,
             shard=shard,
             max_tokens_per_micro_batch=max_tokens,
+            max_response_tokens=BUDGET,
             **critic_args,
         )
         weights = [_flat(model)] + ([] if value_model is None else [_flat(value_model)])
@@ -330,8 +341,11 @@ def _train(
         replace(GRPO, loss_agg="seq_mean_token_mean"),
         algorithm("reinforce_pp", update_epochs=2, num_minibatches=2),
         algorithm("ppo", update_epochs=2, num_minibatches=2),
+        RLOO_DUAL_CLIP,
+        DR_GRPO,
+        GSPO,
     ],
-    ids=["grpo", "grpo_seq_mean", "reinforce_pp", "ppo"],
+    ids=["grpo", "grpo_seq_mean", "reinforce_pp", "ppo", "rloo_dual_clip", "dr_grpo", "gspo"],
 )
 def test_the_rank_count_does_not_change_the_update(folder, params, stale):
     # 1, 2 and 4 ranks train the update of the same global batch: minibatches drawn over it, losses and stats divided
@@ -346,6 +360,7 @@ def test_the_rank_count_does_not_change_the_update(folder, params, stale):
         for key, value in stats.items():
             assert value == pytest.approx(stats_1[key], rel=1e-4, abs=1e-6), key
     assert not torch.equal(weights_1, _train_start(folder, params))
+    assert stats_1.get("train/clip_frac_lower", 1.0) > 0  # where the dual clip is on, it engages
 
 
 def _train_start(folder, params) -> torch.Tensor:
@@ -450,7 +465,7 @@ def test_the_update_reads_the_algorithm_section_as_it_is():
     assert alg.kl_in_reward and not alg.kl_in_loss
     assert ReasoningAlgorithmConfig(name="ppo").value_clip == alg.clip_ratio_low
     assert not replace(alg, name="grpo").kl_in_reward  # GRPO's KL is never in the rewards
-    with pytest.raises(ConfigError, match="algorithm.name = 'sac' is invalid: valid: grpo, ppo, reinforce_pp"):
+    with pytest.raises(ConfigError, match="algorithm.name = 'sac' is invalid: valid: grpo, ppo, reinforce_pp, rloo"):
         ReasoningAlgorithmConfig(name="sac")
     with pytest.raises(ConfigError, match="algorithm.group_size = 1 is invalid"):
         ReasoningAlgorithmConfig(name="grpo", group_size=1)
@@ -466,8 +481,14 @@ def test_the_update_reads_the_algorithm_section_as_it_is():
 
 @pytest.mark.parametrize(
     "params",
-    [GRPO, replace(GRPO, loss_agg="seq_mean_token_mean"), algorithm("ppo", update_epochs=2, num_minibatches=2)],
-    ids=["grpo", "grpo_seq_mean", "ppo"],
+    [
+        GRPO,
+        replace(GRPO, loss_agg="seq_mean_token_mean"),
+        algorithm("ppo", update_epochs=2, num_minibatches=2),
+        DR_GRPO,
+        GSPO,
+    ],
+    ids=["grpo", "grpo_seq_mean", "ppo", "dr_grpo", "gspo"],
 )
 def test_token_budget_micro_batches_train_the_same_update(folder, params):
     # Rows are about 11 tokens (prompt and response): a budget of 12 makes a pass per row, 24 two rows a pass, with the

@@ -1,4 +1,4 @@
-"""Token-level advantage estimators for LLM RL (GRPO, REINFORCE++, GAE), as pure tensor functions.
+"""Token-level advantage estimators for LLM RL (GRPO, REINFORCE++, RLOO, GAE), as pure tensor functions.
 
 Every tensor is [B, T]: B responses, T response tokens, right-padded. `mask` is the response mask (1 for real response
 tokens, the EOS token included; bool or float). The responses to one prompt are contiguous rows, so group g is rows
@@ -136,6 +136,32 @@ def reinforce_pp_advantages(
         token_rewards = kl_penalized(token_rewards, token_kl, kl_coef, mask)
     returns = _returns_to_go(token_rewards, gamma)
     return masked_whiten(returns, mask, eps=eps, sum_over_ranks=sum_over_ranks)
+
+
+def rloo_advantages(
+    rewards: Tensor,
+    mask: Tensor,
+    group_size: int,
+    token_kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+    gamma: float = 1.0,
+) -> Tensor:
+    """RLOO (Kool et al., 2019; Ahmadian et al., 2024): each response's reward minus the mean reward of the other
+    responses to its prompt, r_i - (sum_j r_j - r_i) / (G - 1), as returns-to-go of its token rewards.
+
+    The baselined reward sits on the last token; with `token_kl` each token also gets -kl_coef * token_kl (the KL in
+    the reward, as OpenRLHF's RLOO); without it and with gamma 1, every token of a response gets its baselined
+    reward, as verl's rloo. No whitening: the leave-one-out baseline is unbiased on its own.
+    """
+    batch = rewards.shape[0]
+    if group_size < 2 or batch % group_size != 0:
+        raise ValueError(f"group_size = {group_size} must be at least 2 and divide the batch size ({batch})")
+    grouped = (rewards if rewards.is_floating_point() else rewards.float()).view(-1, group_size)
+    others = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
+    token_rewards = sequence_rewards_to_tokens((grouped - others).reshape(batch), mask)
+    if token_kl is not None:
+        token_rewards = kl_penalized(token_rewards, token_kl, kl_coef, mask)
+    return _returns_to_go(token_rewards, gamma) * _float_mask(mask, token_rewards)
 
 
 def token_gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:

@@ -1,5 +1,6 @@
 """The reasoning algorithms: `algorithm.name` -> its advantage estimator and the traits the rest of the code asks
-about (a critic, the smallest group, where a KL penalty may go).
+about (a critic, the smallest group, where a KL penalty may go); and the names of the policy loss's forms that every
+algorithm can take (`LOSS_AGGREGATIONS`, `IMPORTANCE_RATIOS`), which configs are checked against.
 
 A new algorithm is an estimator `(batch, algorithm section, values, sum_over_ranks) -> (advantages, returns)` and one
 `ALGORITHMS.register` line here, plus its option file `conf/algorithm/<name>.yaml`. Pure Python: configs are checked
@@ -35,3 +36,9 @@ ALGORITHMS: Registry[Algorithm] = Registry("algorithm.name")
 ALGORITHMS.register("grpo", Algorithm("rlplace.reasoning.update:estimate_grpo", min_group_size=2, kl_in_reward=False))
 ALGORITHMS.register("ppo", Algorithm("rlplace.reasoning.update:estimate_ppo", critic=True))
 ALGORITHMS.register("reinforce_pp", Algorithm("rlplace.reasoning.update:estimate_reinforce_pp", min_group_size=2))
+ALGORITHMS.register("rloo", Algorithm("rlplace.reasoning.update:estimate_rloo", min_group_size=2))
+
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+"""How per-token losses become one number (`losses.aggregate_loss`)."""
+IMPORTANCE_RATIOS = ("token", "sequence")
+"""Where the policy loss takes its importance ratio: per token (PPO's) or per response (GSPO's)."""

@@ -17,7 +17,7 @@ from typing import ClassVar
 from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
 from rlplace.core.strategies import AUTO, DTYPES, STRATEGIES
-from rlplace.reasoning.algorithms import ALGORITHMS
+from rlplace.reasoning.algorithms import ALGORITHMS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS
 from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.models.registry import MODELS
 from rlplace.reasoning.rewards import RewardFunction, absolute, reward_function
@@ -89,8 +89,8 @@ class LMConfig:
 
 @dataclass
 class ReasoningAlgorithmConfig(PolicyGradientConfig):
-    """GRPO, PPO (critic + token-level GAE) or REINFORCE++, on response tokens, with an optional KL to the
-    reference (initial) model."""
+    """GRPO, PPO (critic + token-level GAE), REINFORCE++ or RLOO, on response tokens, with an optional KL to the
+    reference (initial) model, and the policy loss's forms (Dr. GRPO's, GSPO's, dual clip) open to each."""
 
     kl_coef: float = 0.0
     """Weight of the KL to the reference model; 0 skips the reference entirely."""
@@ -99,7 +99,19 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
     use_kl_loss: bool = True
     """KL as a loss term (GRPO's way); False subtracts it from the token rewards (PPO's and REINFORCE++'s way)."""
     loss_agg: str = "token_mean"
-    """How token losses become one number: `token_mean` over all tokens, or `seq_mean_token_mean`."""
+    """How token losses become one number: `token_mean` over every token of the minibatch (DAPO's),
+    `seq_mean_token_mean` (each response's token mean, averaged: GRPO's and GSPO's), `seq_mean_token_sum` (each
+    response's token sum, averaged) or `seq_mean_token_sum_norm` (every token's loss summed and divided by the
+    responses x rollout.max_new_tokens, a constant: Dr. GRPO's, no length bias)."""
+    norm_adv_by_std: bool = True
+    """grpo: divide each group's centred rewards by their std; false is Dr. GRPO's advantage (verl's
+    norm_adv_by_std_in_grpo)."""
+    importance_ratio: str = "token"
+    """`token`: PPO's ratio per token; `sequence`: GSPO's, one ratio per response, the geometric mean of its tokens'
+    ratios (Zheng et al. 2025), clipped as a whole (GSPO uses clip ratios near 3e-4 and 4e-4: `algorithm=gspo`)."""
+    clip_ratio_c: float | None = None
+    """Dual-clip PPO (Ye et al. 2020; verl's clip_ratio_c, 3.0 there): a token with a negative advantage loses at
+    most clip_ratio_c x |A|, however far its ratio has grown; null: no bound."""
     critic_lr: float = 1.0e-3
     """ppo: learning rate of the critic (a value head on its own copy of the LM)."""
     weight_decay: float = 0.0
@@ -123,7 +135,20 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
             "false with algorithm.group_size = 1 (a group of one response has nothing to compare)",
         )
         check_choice("algorithm.kl_type", self.kl_type, ("k1", "k2", "low_var_kl"))
-        check_choice("algorithm.loss_agg", self.loss_agg, ("token_mean", "seq_mean_token_mean"))
+        check_choice("algorithm.loss_agg", self.loss_agg, LOSS_AGGREGATIONS)
+        check_choice("algorithm.importance_ratio", self.importance_ratio, IMPORTANCE_RATIOS)
+        check(
+            self.norm_adv_by_std or self.name == "grpo",
+            "algorithm.norm_adv_by_std",
+            self.norm_adv_by_std,
+            f"true with algorithm.name={self.name} (only grpo divides by the group's std)",
+        )
+        check(
+            self.clip_ratio_c is None or self.clip_ratio_c > 1,
+            "algorithm.clip_ratio_c",
+            self.clip_ratio_c,
+            "null (no dual clip) or more than 1",
+        )
         check(self.kl_coef >= 0, "algorithm.kl_coef", self.kl_coef, "0 or more")
         check(self.critic_lr > 0, "algorithm.critic_lr", self.critic_lr, "positive")
         check(self.weight_decay >= 0, "algorithm.weight_decay", self.weight_decay, "0 or more")

@@ -1,5 +1,5 @@
 """The LLM policy (and critic) update of reasoning tasks: PPO's clipped surrogate on response tokens, for GRPO,
-REINFORCE++ and PPO with a critic, written so that data-parallel actor ranks can each run it on their shard.
+REINFORCE++, RLOO and PPO with a critic, written so that data-parallel actor ranks can each run it on their shard.
 
 Each actor rank calls `llm_update` on its own shard of rows with the same `algorithm` config section and a generator
 seeded identically on every rank, so every rank takes the same number of optimizer steps; the training strategy
@@ -41,6 +41,7 @@ from .advantages import (
     kl_penalized,
     masked_whiten,
     reinforce_pp_advantages,
+    rloo_advantages,
     sequence_rewards_to_tokens,
     token_gae,
 )
@@ -76,7 +77,19 @@ def estimate_grpo(
     batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None, _: SumOverRanks
 ) -> Advantages:
     """Group-normalised rewards (a group lies within one rank's rows); GRPO's KL, if any, is a loss term."""
-    return grpo_advantages(batch.rewards, batch.response_mask, alg.group_size), None
+    return grpo_advantages(batch.rewards, batch.response_mask, alg.group_size, norm_std=alg.norm_adv_by_std), None
+
+
+def estimate_rloo(
+    batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None, _: SumOverRanks
+) -> Advantages:
+    """Leave-one-out baselined rewards (a group lies within one rank's rows), with the KL penalty in the token rewards
+    unless use_kl_loss."""
+    token_kl = _rollout_kl(batch, alg) if alg.kl_in_reward else None
+    advantages = rloo_advantages(
+        batch.rewards, batch.response_mask, alg.group_size, token_kl, alg.kl_coef, gamma=alg.gamma
+    )
+    return advantages, None
 
 
 def estimate_reinforce_pp(
@@ -157,6 +170,7 @@ def llm_update(
     strategy: Strategy | None = None,
     shard: Shard | None = None,
     max_tokens_per_micro_batch: int | None = None,
+    max_response_tokens: int | None = None,
 ) -> dict[str, float]:
     """Run `update_epochs` x `num_minibatches` optimizer steps on `batch`'s rows; returns train/* means over them.
 
@@ -178,6 +192,8 @@ def llm_update(
     `shard` says which rows of the global batch `batch` holds when it is one data-parallel rank's part (None: the
     whole batch); the update and its stats are then the global batch's. `max_tokens_per_micro_batch` cuts each
     optimizer step's rows into passes of about that many tokens (`micro_batches`); None: one pass per step.
+    `max_response_tokens` is the generation budget (rollout.max_new_tokens), which alg.loss_agg
+    `seq_mean_token_sum_norm` divides by.
     """
     if batch.old_logprobs is None:
         raise ValueError("llm_update needs batch.old_logprobs (the inference worker fills them)")
@@ -206,6 +222,8 @@ def llm_update(
 
     mask = batch.response_mask
     keys = ["policy_loss", "entropy", "kl", "clip_frac", "approx_kl", "behaviour_weight", "grad_norm"]
+    if alg.clip_ratio_c is not None:
+        keys.append("clip_frac_lower")
     if critic is not None:
         keys.append("value_loss")
     stats: dict[str, list[Tensor]] = {key: [] for key in keys}
@@ -215,9 +233,10 @@ def llm_update(
 
     minibatches = global_minibatches(num_rows, alg.update_epochs, alg.num_minibatches, generator)
     if shard is None:
-        steps = [(rows, _local_counts(mask, rows)) for rows in minibatches]
+        steps = [(rows, _local_counts(mask, rows, max_response_tokens)) for rows in minibatches]
     else:
-        steps = list(zip(shard.split(minibatches), _global_counts(shard, minibatches, mask), strict=True))
+        global_counts = _global_counts(shard, minibatches, mask, max_response_tokens)
+        steps = list(zip(shard.split(minibatches), global_counts, strict=True))
     plans = [plan_micro_batches(rows, batch.prompt_mask, mask, max_tokens_per_micro_batch) for rows, _ in steps]
     if strategy is not None and strategy.collective_passes and shard is not None:
         plans = _in_step(plans, shard)
@@ -305,16 +324,19 @@ def _policy_pass(
         alg.loss_agg,
         None if weights is None else weights[rows, columns].to(device),
         counts,
+        importance_ratio=alg.importance_ratio,
+        clip_ratio_c=alg.clip_ratio_c,
     )
-    entropy = aggregate_loss(entropy_from_logits(logits), row_mask, alg.loss_agg, counts)
-    loss = pg_loss - alg.ent_coef * entropy
+    token_entropy = entropy_from_logits(logits)
+    loss = pg_loss - alg.ent_coef * aggregate_loss(token_entropy, row_mask, alg.loss_agg, counts)
     pass_stats["kl"] = torch.zeros((), device=device)
     if batch.ref_logprobs is not None:
         token_kl = kl_divergence(logprobs, batch.ref_logprobs[rows, columns].to(device), alg.kl_type)
         if alg.kl_in_loss:
             loss = loss + alg.kl_coef * aggregate_loss(token_kl, row_mask, alg.loss_agg, counts)
         pass_stats["kl"] = token_mean(token_kl.detach(), row_mask, counts)
-    pass_stats.update(policy_loss=pg_loss.detach(), entropy=entropy.detach())
+    # The entropy logged is the mean over response tokens whatever loss_agg weighs the bonus by: comparable across runs.
+    pass_stats.update(policy_loss=pg_loss.detach(), entropy=token_mean(token_entropy.detach(), row_mask, counts))
     return loss, pass_stats
 
 
@@ -351,12 +373,12 @@ def _trimmed_inputs(batch: SequenceBatch, micro_batch: MicroBatch) -> tuple[Tens
     return batch.input_ids[rows, columns], batch.attention_mask[rows, columns], width - micro_batch.left
 
 
-def _local_counts(mask: Tensor, rows: Tensor) -> Counts:
+def _local_counts(mask: Tensor, rows: Tensor, budget: int | None) -> Counts:
     """A minibatch's valid tokens and responses, on one process (at least 1 each, as `masked_mean` divides)."""
     row_mask = mask[rows]
     tokens = row_mask.sum().float().clamp(min=1.0)
     responses = (row_mask.sum(-1) > 0).sum().float().clamp(min=1.0)
-    return Counts(tokens=tokens.to(mask.device), responses=responses.to(mask.device))
+    return Counts(tokens=tokens.to(mask.device), responses=responses.to(mask.device), budget=budget)
 
 
 def _in_step(plans: list[list[MicroBatch]], shard: Shard) -> list[list[MicroBatch]]:
@@ -369,7 +391,7 @@ def _in_step(plans: list[list[MicroBatch]], shard: Shard) -> list[list[MicroBatc
     return [plan + [PADDING_PASS] * (n - len(plan)) for plan, n in zip(plans, most, strict=True)]
 
 
-def _global_counts(shard: Shard, minibatches: list[Tensor], mask: Tensor) -> list[Counts]:
+def _global_counts(shard: Shard, minibatches: list[Tensor], mask: Tensor, budget: int | None) -> list[Counts]:
     """Each global minibatch's valid tokens and responses over every rank: one collective call for the update."""
     local = shard.split(minibatches)
     counts = torch.tensor(
@@ -377,4 +399,4 @@ def _global_counts(shard: Shard, minibatches: list[Tensor], mask: Tensor) -> lis
     )
     shard.sum_over_ranks(counts)
     counts = counts.float().to(mask.device)
-    return [Counts(tokens=row[0], responses=row[1]) for row in counts]
+    return [Counts(tokens=row[0], responses=row[1], budget=budget) for row in counts]

@@ -175,6 +175,7 @@ class LLMActorWorker(Worker):
             strategy=self.strategy,
             shard=self.shard,
             max_tokens_per_micro_batch=self.cfg.actor.max_tokens_per_micro_batch,
+            max_response_tokens=self.cfg.rollout.max_new_tokens,
         )
         self.version += 1
         stats["async/staleness"] = float(step - self.batch.version)
