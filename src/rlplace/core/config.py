@@ -389,10 +389,18 @@ def devices_resolver(lo: Any, hi: Any, *, _root_: DictConfig) -> str:
 
 
 def options_of(group: str, schemas: Iterable[str]) -> list[str]:
-    """The options of config group `group` whose file starts from one of `schemas` (`/schema/<group>/<name>`), for
-    error messages."""
+    """The options of config group `group` whose file starts from one of `schemas` (`/schema/<group>/<name>`), or from
+    another option of the group that does (`defaults: [grpo, _self_]`), for error messages."""
     markers = [f"/schema/{group}/{name}@" for name in schemas]
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if any(m in p.read_text() for m in markers))
+    files = {p.stem: p.read_text() for p in (CONF_DIR / group).glob("*.yaml")}
+
+    def starts_from_schema(name: str) -> bool:
+        if any(marker in files[name] for marker in markers):
+            return True
+        defaults = OmegaConf.create(files[name]).get("defaults", [])
+        return any(isinstance(entry, str) and entry in files and starts_from_schema(entry) for entry in defaults)
+
+    return sorted(name for name in files if starts_from_schema(name))
 
 
 def _config_store() -> Any:
