@@ -153,6 +153,12 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
         "algorithm.loss_agg = 'sum' is invalid: valid",
     ),
     "importance_ratio": ("rlplace-train", [*REASONING, "algorithm.importance_ratio=seq"], "token, sequence"),
+    "val_only embodied": ("rlplace-train", ["runner.val_only=true"], "runner.val_only = True is invalid: false for"),
+    "val_only profile": (
+        "rlplace-plan",
+        [*REASONING, "runner.val_only=true", "runner.profile=true"],
+        "runner.profile = True is invalid: unset with runner.val_only",
+    ),
     "dual clip": ("rlplace-plan", [*REASONING, "algorithm.clip_ratio_c=1"], "algorithm.clip_ratio_c = 1.0 is invalid"),
     "std of rloo": (
         "rlplace-train",

@@ -62,7 +62,8 @@ def _sharded(folder: Path, split: str, suffixes: tuple[str, ...], count: int | N
 def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
     """On the shipped problems in shards as a user's data comes: the training split as a glob pattern of JSONL
     shards and a Parquet file, the held-out split as a list of two files from two sources, answered twice each after
-    training only."""
+    training only. Then its last checkpoint evaluated alone (runner.val_only) answers as the run's last evaluation
+    did."""
     data = tmp_path / "data"
     _sharded(data, "train", (".jsonl", ".jsonl", ".parquet"))
     evals = _sharded(data, "test", (".jsonl", ".jsonl"), count=8)
@@ -103,3 +104,13 @@ def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
     assert f"held-out accuracy {last['eval/accuracy']:.3f} after 2 steps" in done.stdout
     assert load_tokenizer(run_dir / "final_model").chat_template is not None
     assert next((tmp_path / "pretrained").glob("tiny_qwen2-dataset-*/pretrain.json"))
+
+    checkpoint = run_dir / "checkpoints" / "step_000002"
+    evaluated = tmp_path / "evaluated"
+    command = [*command[:-1], "runner.val_only=true", f"runner.resume={checkpoint}", f"hydra.run.dir={evaluated}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (row,) = [json.loads(line) for line in (evaluated / "metrics.jsonl").read_text().splitlines()]
+    assert row == {"step": 2, **{key: value for key, value in last.items() if key.startswith("eval/")}}
+    assert f"evaluated: held-out accuracy {last['eval/accuracy']:.3f}, best@2 {last['eval/best@2']:.3f}" in done.stdout
+    assert not (evaluated / "final_model").exists() and not (evaluated / "checkpoints").exists()

@@ -233,6 +233,9 @@ class RunnerConfig:
     eval_before_train: bool = True
     """Reasoning tasks: evaluate before the first step too (verl's `val_before_train`); false saves that evaluation's
     time at the start, and the run reports no accuracy before training."""
+    val_only: bool = False
+    """Reasoning tasks: evaluate the starting policy (the model, or the checkpoint of runner.resume) on the held-out
+    split and stop (verl's `val_only`): no training step, no checkpoint, no final model."""
     max_staleness: int = 0
     """K: the rollouts of step t are generated with policy version max(0, t - K), exactly, so the numbers depend on
     the seed and K, never on placement or timing. 0 is the synchronous loop; K >= 1 lets generation run K steps
@@ -278,6 +281,13 @@ class RunnerConfig:
             "null (off) or at least 1",
         )
         check(self.replan_margin > 0, "runner.replan_margin", self.replan_margin, "positive")
+        for key, value, trains in (("profile", self.profile, "times"), ("replace_at", self.replace_at, "moves")):
+            check(
+                not (self.val_only and value),
+                f"runner.{key}",
+                value,
+                f"unset with runner.val_only (it {trains} training steps, and a val_only run trains none)",
+            )
 
     def switches(self) -> dict[int, str]:
         """`replace_at` as step -> placement preset, in step order (ConfigError for an entry that is not one)."""

@@ -14,7 +14,9 @@ from rlplace.placement import ComponentPlacement
 
 def check_embodied(cfg: EmbodiedConfig, placement: ComponentPlacement) -> None:
     """The env id is a gymnasium environment whose spaces a policy can take (one env made to read them); sub-envs
-    divide over env processes, stages and actor ranks."""
+    divide over env processes, stages and actor ranks; no held-out evaluation is asked of it."""
+    if cfg.runner.val_only:
+        raise ConfigError("runner.val_only = True is invalid: false for embodied tasks (they have no held-out split)")
     try:
         env_spec(cfg.task.env_id)
     except ValueError as err:

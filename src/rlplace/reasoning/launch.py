@@ -137,7 +137,12 @@ def run_labels(cfg: ReasoningConfig) -> dict[str, Any]:
 
 
 def summary(cfg: ReasoningConfig, mode: str, final: dict[str, float], run_dir: Path) -> tuple[str, float]:
-    """The closing line, and the sweep objective (held-out accuracy after training)."""
+    """The closing line, and the sweep objective (held-out accuracy after training, or of the starting policy with
+    runner.val_only)."""
+    if cfg.runner.val_only:
+        best = "".join(f", {key[5:]} {value:.3f}" for key, value in final.items() if key.startswith("eval/best@"))
+        accuracy = final["eval/accuracy"]
+        return f"rlplace: evaluated: held-out accuracy {accuracy:.3f}{best}; outputs in {run_dir}", accuracy
     before, after = final.get("eval/accuracy_before"), final.get("eval/accuracy_after", math.nan)
     accuracy = f"{after:.3f}" if before is None else f"{before:.3f} -> {after:.3f}"
     line = (

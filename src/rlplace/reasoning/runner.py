@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 from rlplace.core import preemption
 from rlplace.core.launcher import RunContext
-from rlplace.core.runner import Runner, open_channels
+from rlplace.core.runner import TIMELINE_FILE, Runner, open_channels
 from rlplace.metrics import TrainingProgress, throughput_metrics
 from rlplace.placement import ComponentPlacement
 from rlplace.planner import PROFILE_FILE
@@ -194,6 +194,16 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         self.accuracy.append((step, metrics["eval/accuracy"]))
         self.timer.step_metrics()  # its weight sync is not part of the next step's time/* (its spans stay drawn)
         self.eval_seconds += time.perf_counter() - start
+        return metrics
+
+    def run(self, moves: Callable[[int], bool] | None = None) -> dict[str, float] | None:
+        """The loop (`Runner.run`); with runner.val_only, one evaluation of the starting weights instead, logged at
+        the step it starts from (0, or the resumed checkpoint's), and no checkpoint and no final model."""
+        if not self.cfg.runner.val_only:
+            return super().run(moves)
+        metrics = self.evaluate(self.start_step)
+        self.logger.log(metrics, self.start_step)
+        self.timeline.write(self.run_dir / TIMELINE_FILE)
         return metrics
 
     def before_run(self) -> None:
