@@ -328,6 +328,41 @@ def test_prompts_render_with_the_chat_template_when_the_tokenizer_has_one() -> N
         encode_prompts(tokenizer, [plain], arithmetic)
 
 
+QWEN3_STYLE = (  # ChatML with Qwen3's switch: enable_thinking=false opens and closes an empty thinking block
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
+)
+
+
+def test_chat_template_kwargs_reach_the_template_and_a_name_it_never_reads_is_refused() -> None:
+    from rlplace.reasoning.models.tiny_qwen2 import train_tokenizer
+    from rlplace.reasoning.tasks.prompts import encode_prompts
+
+    tokenizer = train_tokenizer(["What is 2+3? <think> </think> 5"] * 4, vocab_size=300)
+    tokenizer.chat_template = QWEN3_STYLE
+    plain = Problem("What is 2+3?", "5")
+    task = ArithmeticTaskConfig(chat_template_kwargs={"enable_thinking": False})
+    (ids,) = encode_prompts(tokenizer, [plain], task)
+    asked = "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.decode(ids) == asked + "<think>\n\n</think>\n\n"
+    task.chat_template_kwargs = {}
+    (ids,) = encode_prompts(tokenizer, [plain], task)
+    assert tokenizer.decode(ids) == asked
+    task.chat_template_kwargs = {"enable_thinkng": False}
+    with pytest.raises(
+        ConfigError,
+        match=r"^task.chat_template_kwargs.enable_thinkng = False is invalid: the model's "
+        r"chat template never reads enable_thinkng \(it reads: add_generation_prompt, enable_thinking, "
+        r"messages\)$",
+    ):
+        encode_prompts(tokenizer, [plain], task)
+    task.chat_template_kwargs, task.apply_chat_template = {"enable_thinking": False}, False
+    with pytest.raises(ConfigError, match=r"task.chat_template_kwargs = \{'enable_thinking': False\} is invalid: the"):
+        encode_prompts(tokenizer, [plain], task)
+
+
 def test_a_prompt_template_frames_the_users_turn_and_leaves_the_record_alone() -> None:
     """R1-Zero style: a base model asked through a template, raw or inside the chat template; braces of the
     template's own text (a `\\boxed{}` instruction) stay as they are."""

@@ -90,20 +90,52 @@ def conversation(problem: Problem, task: ReasoningTaskConfig) -> list[Mapping[st
 def encode_prompts(tokenizer: Any, problems: Sequence[Problem], task: ReasoningTaskConfig) -> list[list[int]]:
     """The token ids of each problem's prompt as the model is asked it: one rendering for generation, evaluation and
     pretraining alike. With a chat template, the conversation (the system prompt, then the record's turns or the
-    prompt as the user's, through task.prompt_template) plus the template's generation prompt, and no special tokens
-    beyond the template's; without one, the prompt text after the system prompt's line, with the tokenizer's usual
-    special tokens."""
+    prompt as the user's, through task.prompt_template) plus the template's generation prompt, with
+    task.chat_template_kwargs, and no special tokens beyond the template's; without one, the prompt text after the
+    system prompt's line, with the tokenizer's usual special tokens."""
     if not uses_chat_template(tokenizer, task):
+        if task.chat_template_kwargs:
+            raise ConfigError(
+                f"task.chat_template_kwargs = {dict(task.chat_template_kwargs)} is invalid: the prompts are not "
+                "rendered with a chat template (task.apply_chat_template, or the tokenizer has none): valid: {}"
+            )
         system = "" if task.system_prompt is None else task.system_prompt + "\n"
         texts = [system + "\n".join(m["content"] for m in conversation(p, task)) for p in problems]
         return tokenizer(texts)["input_ids"]
+    kwargs = _checked_template_kwargs(tokenizer, task)
     texts = []
     for problem in problems:
         turns = conversation(problem, task)
         if task.system_prompt is not None and turns[0]["role"] != "system":
             turns.insert(0, {"role": "system", "content": task.system_prompt})
-        texts.append(tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True))
+        texts.append(tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True, **kwargs))
     return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+def template_variables(template: str) -> set[str]:
+    """The variables a chat template reads from its caller (`messages`, `add_generation_prompt`, `enable_thinking`,
+    ...), parsed as transformers compiles templates (with loop controls)."""
+    import jinja2
+    import jinja2.meta
+
+    environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    return jinja2.meta.find_undeclared_variables(environment.parse(template))
+
+
+def _checked_template_kwargs(tokenizer: Any, task: ReasoningTaskConfig) -> dict[str, Any]:
+    """task.chat_template_kwargs, each name one the tokenizer's template reads (ConfigError, one line, otherwise: a
+    misspelt name would be ignored by the template without a word)."""
+    kwargs = dict(task.chat_template_kwargs)
+    template = tokenizer.chat_template
+    read = template_variables(template) if isinstance(template, str) else set(kwargs)
+    unknown = sorted(set(kwargs) - read)
+    if unknown:
+        name = unknown[0]
+        raise ConfigError(
+            f"task.chat_template_kwargs.{name} = {kwargs[name]!r} is invalid: the model's chat template never reads "
+            f"{name} (it reads: {', '.join(sorted(read))})"
+        )
+    return kwargs
 
 
 def check_prompt_lengths(

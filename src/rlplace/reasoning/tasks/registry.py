@@ -9,8 +9,8 @@ CLIs check configs with it before Ray or torch load.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlplace.core.errors import ConfigError, check
 from rlplace.core.registry import Registry
@@ -47,6 +47,9 @@ class ReasoningTaskConfig:
     apply_chat_template: bool | None = None
     """Render prompts with the tokenizer's chat template and its generation prompt; None: when the tokenizer has one
     (the tiny LM's character tokenizer has none)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Variables for the chat template besides the conversation (verl's `data.apply_chat_template_kwargs`), such as
+    Qwen3's `enable_thinking: false`. A name the model's template never reads is refused before any worker starts."""
 
     def __post_init__(self) -> None:
         schema = TASKS[self.name]
