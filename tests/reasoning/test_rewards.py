@@ -3,6 +3,11 @@ named (registered, by import path, by file path) or refused in one line."""
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +24,7 @@ from rlplace.reasoning.rewards import (
     absolute,
     answer_format,
     boxed,
+    check_remote_reward,
     gsm8k,
     gsm8k_number,
     last_boxed,
@@ -240,6 +246,68 @@ def test_a_reward_written_for_openrlhf_scores_a_batch_as_openrlhf_calls_it(tmp_p
     assert reward_function(f"{file}:plain").scores(problems, decoded) == [{"score": 0.5}, {"score": 0.5}]
     with pytest.raises(TypeError, match=r"'.*:ragged' returned \[1.0\]: an OpenRLHF reward returns 2 rewards"):
         reward_function(f"{file}:ragged").scores(problems, decoded)
+
+
+class RewardServer(http.server.BaseHTTPRequestHandler):
+    """A reward server as OpenRLHF's clients call one: JSON {"query", "prompts", "labels"} in, {"rewards",
+    "extra_logs"} out; the bodies it received are kept on the server (`received`), and a server made with
+    `failures = n` answers its first n requests with an error status."""
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.received.append(body)  # type: ignore[attr-defined]
+        if len(self.server.received) <= self.server.failures:  # type: ignore[attr-defined]
+            self.send_error(503, "warming up")
+            return
+        triples = zip(body["query"], body["prompts"], body["labels"], strict=True)
+        rewards = [float(query[len(prompt) :].startswith(label)) for query, prompt, label in triples]
+        answer = json.dumps({"rewards": rewards, "extra_logs": {"length": [len(q) for q in body["query"]]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def reward_server() -> Iterator[http.server.HTTPServer]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RewardServer)
+    server.received, server.failures = [], 0  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_reward_server_scores_a_batch_as_openrlhf_s_remote_reward_does(
+    reward_server: http.server.HTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenRLHF's `--remote_rm_url http://...`: one POST per batch; a server that answers with an error status is
+    asked again, and one that keeps failing is named; a URL where nothing listens is refused before any worker."""
+    url = f"http://127.0.0.1:{reward_server.server_port}/get_reward"
+    problems = [Problem("3+4=", "7"), Problem("40+2=", "42")]
+    decoded = Decoded(["7", "41"], ["<s>3+4=", "<s>40+2="], ["<s>3+4=7</s>", "<s>40+2=41</s>"])
+    check_remote_reward(url)
+    reward = reward_function(url)
+    assert reward.scores(problems, decoded) == [{"score": 1.0, "length": 12.0}, {"score": 0.0, "length": 14.0}]
+    assert reward_server.received == [{"query": decoded.queries, "prompts": decoded.prompts, "labels": ["7", "42"]}]
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # the waits between tries
+    reward_server.failures = 2  # type: ignore[attr-defined]
+    reward_server.received.clear()  # type: ignore[attr-defined]
+    assert reward.scores(problems, decoded)[0]["score"] == 1.0 and len(reward_server.received) == 3
+    reward_server.failures = 10  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match=rf"reward.function = '{url}': no answer after 3 tries: HTTP Error 503"):
+        reward.scores(problems, decoded)
+    reward_server.shutdown()
+    reward_server.server_close()
+    with pytest.raises(ConfigError, match=rf"^reward.function = '{url}' is invalid: nothing accepts a connection at"):
+        check_remote_reward(url)
+    with pytest.raises(ConfigError, match="a URL names its host"):
+        reward_function("http:///get_reward")
 
 
 @pytest.mark.parametrize(

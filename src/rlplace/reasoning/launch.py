@@ -19,6 +19,7 @@ from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.pretrain import pretrained_model_path
+from rlplace.reasoning.rewards import check_remote_reward
 from rlplace.reasoning.runner import ReasoningRunner
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import check_prompt_lengths
@@ -54,12 +55,14 @@ class StartingRun(NamedTuple):
 
 
 def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
-    """Find (or pretrain) the starting model, then start the groups without waiting for them (`runner` waits): their
-    processes import torch and load the model side by side, while the driver goes on (it starts the logger).
+    """Find (or pretrain) the starting model, refuse prompts it cannot take and a reward server that does not answer,
+    then start the groups without waiting for them (`runner` waits): their processes import torch and load the model
+    side by side, while the driver goes on (it starts the logger).
 
     A rollout whose backend sizes its memory by what it finds free (vLLM) starts last on GPUs, once the others are
     up: other groups loading their models on the same device would change what it measures.
     """
+    check_remote_reward(cfg.reward_name)  # before a pretraining, which scores with it
     model_path = pretrained_model_path(cfg)
     check_prompts_fit(cfg, model_path)
     placement = HybridComponentPlacement(cfg, cluster)

@@ -35,7 +35,7 @@ from rlplace.reasoning.models.hf_folder import check_model_folder
 from rlplace.reasoning.models.registry import MODELS
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.reasoning.models.tokenizer import load_tokenizer
-from rlplace.reasoning.rewards import SCORE, RewardFunction
+from rlplace.reasoning.rewards import SCORE, RewardFunction, check_remote_reward
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem, PromptSource, encode_prompts
 from rlplace.reasoning.tasks.registry import ReasoningTaskConfig
@@ -126,6 +126,7 @@ def pretrain(cfg: ReasoningConfig, folder: Path) -> dict[str, Any]:
     does not exist or is complete. If another process renamed its own result into place first, theirs is kept
     (same key, same config, same seed) and its stats are returned.
     """
+    check_remote_reward(cfg.reward_name)  # the fine-tuning scores with the run's reward
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"

@@ -11,8 +11,9 @@ A function written for verl, `compute_score(data_source, solution_str, ground_tr
 its first parameter and called as verl calls it, with the record's `data_source` and `extra_info` fields
 (`VerlReward`), so verl's rewards and preprocessed files work unchanged. One written for OpenRLHF (`--remote_rm_url
 reward_func.py`), `reward_func(queries, prompts, labels)`, is recognised the same way and called once per batch as
-OpenRLHF calls it (`OpenRLHFReward`). Any other function must accept `(prompt, response, answer, extra)`, checked on
-the driver.
+OpenRLHF calls it (`OpenRLHFReward`); so is a reward server at an `http(s)://` URL (OpenRLHF's `--remote_rm_url
+http://...`, `RemoteReward`). Any other function must accept `(prompt, response, answer, extra)`, checked on the
+driver.
 
 The built-ins: `exact_match` (the arithmetic task's), `gsm8k` (the number after the last `####`), `boxed` (the last
 `\\boxed{...}`, compared by math-verify), `format` (the answer ends in one of those two forms), and
@@ -22,8 +23,13 @@ The built-ins: `exact_match` (the arithmetic task's), `gsm8k` (the number after 
 from __future__ import annotations
 
 import inspect
+import json
 import re
+import socket
 import threading
+import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -297,6 +303,55 @@ class OpenRLHFReward:
         return [{name: column[i] for name, column in columns.items()} for i in range(rows)]  # type: ignore[index]
 
 
+REMOTE_SCHEMES = ("http://", "https://")
+"""A `reward.function` starting with one of these is the URL of a reward server (`RemoteReward`)."""
+REMOTE_TIMEOUT_S = 180.0
+"""How long one request to a reward server may take (a reward model scoring a batch under load, as OpenRLHF allows)."""
+REMOTE_TRIES = 3
+"""Requests to a reward server per batch before the step fails: a server restarting or briefly overloaded is waited
+for (1 s, then 2 s), one that stays down is reported."""
+
+
+@dataclass(frozen=True)
+class RemoteReward:
+    """A reward server, called as OpenRLHF calls one (`--remote_rm_url`): each batch POSTed as JSON `{"query":
+    queries, "prompts": prompts, "labels": labels}`, the answer a JSON object with the rewards under "rewards" and
+    optional per-response "extra_logs" (read by `OpenRLHFReward`), as OpenRLHF's `serve_rm` and servers written for
+    it give."""
+
+    url: str
+
+    def __call__(self, queries: list[str], prompts: list[str], labels: list[str]) -> Any:
+        body = json.dumps({"query": queries, "prompts": prompts, "labels": labels}).encode()
+        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+        tries = 0
+        while True:
+            try:
+                with urllib.request.urlopen(request, timeout=REMOTE_TIMEOUT_S) as answer:
+                    return json.loads(answer.read())
+            except (OSError, ValueError) as error:  # unreachable, an error status, a timeout, an answer not JSON
+                tries += 1
+                if tries == REMOTE_TRIES:
+                    raise RuntimeError(f"{KEY} = {self.url!r}: no answer after {tries} tries: {error}") from None
+                time.sleep(2.0 ** (tries - 1))
+
+
+def check_remote_reward(spec: str) -> None:
+    """Refuse, before any worker starts, a reward server's URL where nothing accepts a connection (ConfigError, one
+    line naming `reward.function`); any other reward passes."""
+    if not spec.startswith(REMOTE_SCHEMES):
+        return
+    url = urllib.parse.urlsplit(spec)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=5.0).close()
+    except OSError as error:
+        raise ConfigError(
+            f"{KEY} = {spec!r} is invalid: nothing accepts a connection at {url.hostname}:{port} ({error}); valid: "
+            "the URL of a running reward server"
+        ) from None
+
+
 def _per_row(values: Any, rows: int) -> list[float] | None:
     """`values` (a tensor, array or sequence of `rows` numbers) as floats; None when it is not that."""
     values = values.tolist() if hasattr(values, "tolist") else values
@@ -337,10 +392,18 @@ def absolute(spec: str) -> str:
 
 
 def reward_function(spec: str) -> RewardFunction:
-    """The reward `spec` names: a registered name, `package.module:function` (imported by `core.registry.load`) or
-    `path/to/file.py:function` (a file of your own, run by `core.registry.load_file`). ConfigError in one line naming
-    `reward.function`, the value and what is valid when it is none of them, cannot be loaded, or is not callable."""
-    valid = f"valid: {', '.join(REWARDS.names())}, package.module:function or path/to/file.py:function"
+    """The reward `spec` names: a registered name, `package.module:function` (imported by `core.registry.load`),
+    `path/to/file.py:function` (a file of your own, run by `core.registry.load_file`) or a reward server's URL.
+    ConfigError in one line naming `reward.function`, the value and what is valid when it is none of them, cannot be
+    loaded, or is not callable."""
+    valid = (
+        f"valid: {', '.join(REWARDS.names())}, package.module:function, path/to/file.py:function or the http(s):// URL "
+        "of a reward server"
+    )
+    if spec.startswith(REMOTE_SCHEMES):
+        if not urllib.parse.urlsplit(spec).hostname:
+            raise ConfigError(f"{KEY} = {spec!r} is invalid: a URL names its host; {valid}")
+        return RewardFunction(spec, OpenRLHFReward(RemoteReward(spec)))
     if ":" not in spec:
         if spec not in REWARDS:
             raise ConfigError(f"{KEY} = {spec!r} is invalid: {valid}")
