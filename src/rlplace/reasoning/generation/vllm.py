@@ -91,7 +91,7 @@ class VLLMEngine:
         else:
             from transformers import AutoConfig
 
-            context = max_model_len or AutoConfig.from_pretrained(model_path).max_position_embeddings
+            context = max_model_len or getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 0)
             device_args = {
                 "kv_cache_memory_bytes": CPU_KV_CACHE_GIB << 30,
                 "enable_chunked_prefill": False,
