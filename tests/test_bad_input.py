@@ -153,6 +153,13 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
         "algorithm.loss_agg = 'sum' is invalid: valid",
     ),
     "importance_ratio": ("rlplace-train", [*REASONING, "algorithm.importance_ratio=seq"], "token, sequence"),
+    "max_epochs": ("rlplace-plan", ["runner.max_epochs=0"], "runner.max_epochs = 0 is invalid: null or at least 1"),
+    "max_epochs embodied": ("rlplace-train", ["runner.max_epochs=2"], "runner.max_epochs = 2 is invalid for embodied"),
+    "max_epochs arithmetic": (
+        "rlplace-plan",
+        [*REASONING, "runner.max_epochs=2"],
+        "runner.max_epochs = 2 is invalid with task.name = 'arithmetic': its problems are made without end",
+    ),
     "val_only embodied": ("rlplace-train", ["runner.val_only=true"], "runner.val_only = True is invalid: false for"),
     "val_only profile": (
         "rlplace-plan",

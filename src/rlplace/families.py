@@ -9,7 +9,7 @@ the family's launcher (`core.launcher.Launcher`: Ray, torch) is imported when a 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_type_hints
 
@@ -32,6 +32,7 @@ from rlplace.reasoning import memory as reasoning_memory
 from rlplace.reasoning import planning as reasoning_planning
 from rlplace.reasoning import profile as reasoning_profile
 from rlplace.reasoning.tasks import TASKS as REASONING_TASKS
+from rlplace.reasoning.tasks import steps_for_epochs
 
 if TYPE_CHECKING:
     from rlplace.core.launcher import Launcher
@@ -72,6 +73,9 @@ class Family:
     memory: Callable[[Any, ComponentPlacement], Any] | None = None
     """The predicted device memory per device and phase (an object with `to_dict()`, or None when unknown), for
     `rlplace-plan`; None where the family has no memory model yet."""
+    epoch_steps: Callable[[Any], int] | None = None
+    """The steps of `runner.max_epochs` passes over the run's training data; None where the family has no data to
+    pass over."""
     option_schemas: Mapping[str, Registry[type]] = field(default_factory=dict)
     """Sections whose options each start from a schema of their own (schema per option): section -> the registry of
     those schemas by name, each an extension of the section's dataclass. Options of the other sections start from
@@ -138,6 +142,7 @@ FAMILIES = (
         own_sections=("reward", "actor"),
         memory=reasoning_memory.predict_memory,
         option_schemas={"task": REASONING_TASKS},
+        epoch_steps=lambda cfg: steps_for_epochs(cfg.task, cfg.runner.max_epochs),
     ),
 )
 
@@ -197,6 +202,21 @@ def family_of(cfg: DictConfig) -> Family:
     return family
 
 
+def with_epochs(family: Family, cfg: Any) -> Any:
+    """`cfg` with runner.max_steps set by runner.max_epochs, when that is set; ConfigError for a family or task
+    without epochs."""
+    epochs = cfg.runner.max_epochs
+    if epochs is None:
+        return cfg
+    if family.epoch_steps is None:
+        raise ConfigError(
+            f"runner.max_epochs = {epochs} is invalid for {family.name} tasks: they read no training data (valid: "
+            "null, with runner.max_steps)"
+        )
+    cfg.runner = replace(cfg.runner, max_steps=family.epoch_steps(cfg))  # checked again with its new length
+    return cfg
+
+
 def choose(family: Family, cfg: Any) -> tuple[Any, list[Any]]:
     """`placement=auto` (and a re-plan): the run placed as the fastest candidate of `plan.profile`'s search at the
     run's own staleness (K changes what is trained, the placement does not), and the ranking it was chosen from.
@@ -216,7 +236,7 @@ def choose(family: Family, cfg: Any) -> tuple[Any, list[Any]]:
 def resolve(cfg: DictConfig) -> Plan:
     """Turn a composed config into a checked plan; raises ConfigError or PlacementError naming key and value."""
     family = family_of(cfg)
-    typed = to_typed(cfg, family.schema, family.name)
+    typed = with_epochs(family, to_typed(cfg, family.schema, family.name))
     ranking = None
     if typed.plan.auto:
         typed, ranking = choose(family, typed)

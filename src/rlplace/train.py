@@ -92,6 +92,8 @@ def train(
     if plan.ranking is not None:
         log_ranking(plan.ranking, cfg.plan.top)
     log.info(f"rlplace: {mode} {plan.family.name} run of {cfg.task.name} ({sharing(plan)}); outputs in {run_dir}")
+    if cfg.runner.max_epochs is not None:
+        log.info(f"rlplace: runner.max_epochs = {cfg.runner.max_epochs}: {cfg.runner.max_steps} steps")
     if cfg.cluster.address is None and (neighbours := describe(other_embedded_rays())):
         log.warning(neighbours)
     history: list[dict[str, float]] = []

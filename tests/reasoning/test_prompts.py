@@ -421,3 +421,16 @@ rollout.max_new_tokens = 8 after them; the longest has 129 tokens"""),
     evals = _write(tmp_path / "eval.jsonl", [prompt(129), *_records(2)])
     with pytest.raises(ConfigError, match=re.escape(f"task.eval_path = '{evals}' is invalid with model.path")):
         check(_records(6), f"task.eval_path={evals}")
+
+
+def test_max_epochs_sets_the_steps_of_that_many_passes_over_the_training_records() -> None:
+    """verl's total_epochs, RLinf's max_epochs: the shipped word problems' training split, 16 prompts a step."""
+    import math
+
+    from rlplace.cli import compose_run
+    from rlplace.families import resolve
+    from rlplace.reasoning.tasks import word_problems
+
+    records = word_problems.SPLITS["train"]
+    plan = resolve(compose_run(["experiment=gsm8k_grpo", "runner.max_epochs=3", "task.prompts_per_step=16"]))
+    assert plan.cfg.runner.max_steps == math.ceil(3 * records / 16) != 100  # the preset's max_steps gives way

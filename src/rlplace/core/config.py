@@ -211,6 +211,10 @@ class RunnerConfig:
 
     max_steps: int = 150
     """Training steps (each: sync weights, generate, advantages, train, record)."""
+    max_epochs: int | None = None
+    """Reasoning tasks that read data files: train this many passes over the training records instead, so
+    max_steps = ceil(max_epochs x records / task.prompts_per_step), whatever max_steps says (verl's total_epochs,
+    RLinf's max_epochs); null: max_steps decides."""
     seed: int = 1
     save_interval: int | None = 10
     """Checkpoint every this many steps (and at the end, and when SIGTERM or Ctrl-C stops the run); 0 saves only at
@@ -257,6 +261,9 @@ class RunnerConfig:
 
     def __post_init__(self) -> None:
         check(self.max_steps >= 1, "runner.max_steps", self.max_steps, "at least 1 (a run with no step trains nothing)")
+        check(
+            self.max_epochs is None or self.max_epochs >= 1, "runner.max_epochs", self.max_epochs, "null or at least 1"
+        )
         check(self.seed >= 0, "runner.seed", self.seed, "0 or more (numpy and gymnasium take no negative seed)")
         check(
             self.save_interval is None or self.save_interval >= 0,

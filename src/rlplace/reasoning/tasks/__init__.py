@@ -8,6 +8,10 @@ A new task is a module with its config dataclass (extending `ReasoningTaskConfig
 
 from __future__ import annotations
 
+import math
+
+from rlplace.core.errors import ConfigError
+
 from .arithmetic import ArithmeticTaskConfig
 from .dataset import DatasetTaskConfig
 from .prompts import PromptSource
@@ -16,9 +20,29 @@ from .registry import TASKS, ReasoningTaskConfig
 TASKS.register("arithmetic", ArithmeticTaskConfig)
 TASKS.register("dataset", DatasetTaskConfig)
 
-__all__ = ["TASKS", "ArithmeticTaskConfig", "DatasetTaskConfig", "ReasoningTaskConfig", "make_prompt_source"]
+__all__ = [
+    "TASKS",
+    "ArithmeticTaskConfig",
+    "DatasetTaskConfig",
+    "ReasoningTaskConfig",
+    "make_prompt_source",
+    "steps_for_epochs",
+]
 
 
 def make_prompt_source(task: ReasoningTaskConfig) -> PromptSource:
     """The problems of `task` (its schema builds them)."""
     return task.prompt_source()
+
+
+def steps_for_epochs(task: ReasoningTaskConfig, epochs: int) -> int:
+    """The steps that walk `epochs` times over the task's training problems, `task.prompts_per_step` a step (the last
+    one may reach into the next epoch). ConfigError naming runner.max_epochs for a task whose problems are made
+    without end."""
+    records = getattr(make_prompt_source(task), "num_train", None)
+    if not isinstance(records, int):
+        raise ConfigError(
+            f"runner.max_epochs = {epochs} is invalid with task.name = {task.name!r}: its problems are made without "
+            "end, so it has no epochs (valid: null, with runner.max_steps)"
+        )
+    return math.ceil(epochs * records / task.prompts_per_step)
