@@ -383,6 +383,7 @@ def profile_first(composed: DictConfig, argv: list[str]) -> list[str]:
     dropped = (
         "placement=",
         "runner.max_steps=",
+        "runner.max_epochs=",
         "runner.resume=",
         "runner.save_interval=",
         "runner.replace_at=",
