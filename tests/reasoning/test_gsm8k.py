@@ -62,11 +62,17 @@ def _sharded(folder: Path, split: str, suffixes: tuple[str, ...], count: int | N
 def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
     """On the shipped problems in shards as a user's data comes: the training split as a glob pattern of JSONL
     shards and a Parquet file, the held-out split as a list of two files from two sources, answered twice each after
-    training only. Then its last checkpoint evaluated alone (runner.val_only) answers as the run's last evaluation
-    did."""
+    training only, and records too long for the model among the training ones, left out. Then its last checkpoint
+    evaluated alone (runner.val_only) answers as the run's last evaluation did."""
     data = tmp_path / "data"
     _sharded(data, "train", (".jsonl", ".jsonl", ".parquet"))
     evals = _sharded(data, "test", (".jsonl", ".jsonl"), count=8)
+    # As many records again whose question is too long for the model (context 512, 48 new tokens): left out by
+    # task.filter_overlong_prompts on the driver and on every rollout rank, which would otherwise draw them.
+    long = [" ".join(str(i * 7919 % 1009) for i in range(k, k + 600)) for k in range(word_problems.SPLITS["train"])]
+    (data / "train-long.jsonl").write_text(
+        "".join(json.dumps({"question": q, "answer": "#### 1"}) + "\n" for q in long)
+    )
     tiny = [  # a short pretraining (2 steps of 16), small batches, and 8 held-out problems answered twice each
         "model.pretrain.max_steps=2",
         "model.pretrain.eval_interval=2",
@@ -78,6 +84,7 @@ def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
         "rollout.eval_samples=2",
         "rollout.eval_temperature=1.0",
         "runner.eval_before_train=false",  # evaluated after the last step only
+        "task.filter_overlong_prompts=true",
         "algorithm.group_size=4",
         "runner.max_steps=2",
         "logger=jsonl",
@@ -92,6 +99,7 @@ def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert f"{len(long)} training and 0 held-out prompts leave no room" in done.stdout
     assert [row["step"] for row in rows] == [0, 1]
     for key in ("reward/score", "reward/correct", "reward/format", "train/policy_loss", "rollout/response_length"):
         assert key in rows[0], key

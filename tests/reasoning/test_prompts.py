@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -421,6 +422,36 @@ rollout.max_new_tokens = 8 after them; the longest has 129 tokens"""),
     evals = _write(tmp_path / "eval.jsonl", [prompt(129), *_records(2)])
     with pytest.raises(ConfigError, match=re.escape(f"task.eval_path = '{evals}' is invalid with model.path")):
         check(_records(6), f"task.eval_path={evals}")
+
+
+def test_overlong_prompts_are_left_out_when_the_task_filters_them(
+    tmp_path: Path, model_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """verl's filter_overlong_prompts: the records the previous test refuses are dropped instead, and counted; a split
+    left empty is refused."""
+    from rlplace.cli import compose_run
+    from rlplace.families import resolve
+    from rlplace.reasoning.launch import check_prompts_fit
+    from rlplace.reasoning.models.tokenizer import load_tokenizer
+    from rlplace.reasoning.tasks import drop_overlong, make_prompt_source
+
+    def prompt(tokens: int) -> str:  # as in the test above
+        return json.dumps({"prompt": "1+" * ((tokens - 3) // 2) + "1=", "answer": "1"})
+
+    train = _write(tmp_path / "train.jsonl", [*_records(5), prompt(121), prompt(129)])
+    data = ["experiment=arithmetic_grpo", "task=dataset", f"task.train_path={train}", f"model.path={model_path}"]
+    data += ["task.eval_size=2", "task.data_seed=1", "task.filter_overlong_prompts=true"]  # 8 new tokens: 120 fit
+    plan = resolve(compose_run(data))
+    with caplog.at_level(logging.INFO):
+        check_prompts_fit(plan.cfg, model_path)
+    assert "task.filter_overlong_prompts: 2 training and 0 held-out prompts leave no room" in caplog.text
+    source = make_prompt_source(plan.cfg.task)
+    assert drop_overlong(source, plan.cfg.task, load_tokenizer(model_path), 128, 8) == (2, 0)
+    assert source.num_train == 3 and all(len(p.prompt) < 20 for p in source.train_batch(0, 6))
+    evals = _write(tmp_path / "eval.jsonl", [prompt(129)])
+    plan = resolve(compose_run([*data, f"task.eval_path={evals}"]))
+    with pytest.raises(ConfigError, match="task.filter_overlong_prompts = True is invalid: false, or a model with a"):
+        check_prompts_fit(plan.cfg, model_path)
 
 
 def test_max_epochs_sets_the_steps_of_that_many_passes_over_the_training_records() -> None:

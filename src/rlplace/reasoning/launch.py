@@ -6,6 +6,7 @@ all starting from the same model folder, then the loop. The reasoning counterpar
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -21,10 +22,12 @@ from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.pretrain import pretrained_model_path
 from rlplace.reasoning.rewards import check_remote_reward
 from rlplace.reasoning.runner import ReasoningRunner
-from rlplace.reasoning.tasks import make_prompt_source
+from rlplace.reasoning.tasks import drop_overlong, make_prompt_source
 from rlplace.reasoning.tasks.prompts import check_prompt_lengths
 from rlplace.reasoning.workers import InferenceWorker, LLMActorWorker, LLMRolloutWorker, RewardWorker
 from rlplace.scheduler import Cluster, StartingGroup, wait_started
+
+log = logging.getLogger(__name__)
 
 MODEL_SHAPE_KEYS = (
     "model_type",
@@ -85,11 +88,20 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
 
 def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> None:
     """Refuse, before any worker starts, prompts too long for the model's context (`max_position_embeddings`, the
-    engines' limit) with rollout.max_new_tokens on top (`check_prompt_lengths`)."""
+    engines' limit) with rollout.max_new_tokens on top (`check_prompt_lengths`); or, with
+    task.filter_overlong_prompts, say how many of them the run leaves out (`drop_overlong`)."""
     context = AutoConfig.from_pretrained(model_path).max_position_embeddings
     tokenizer = load_tokenizer(model_path)
     source = make_prompt_source(cfg.task)
-    check_prompt_lengths(cfg.task, source, tokenizer, context, cfg.rollout.max_new_tokens, str(model_path))
+    dropped = drop_overlong(source, cfg.task, tokenizer, context, cfg.rollout.max_new_tokens)
+    if dropped is None:
+        check_prompt_lengths(cfg.task, source, tokenizer, context, cfg.rollout.max_new_tokens, str(model_path))
+    else:
+        log.info(
+            f"rlplace: task.filter_overlong_prompts: {dropped[0]} training and {dropped[1]} held-out prompts leave no "
+            f"room for rollout.max_new_tokens = {cfg.rollout.max_new_tokens} in the model's context of {context} "
+            "tokens and are left out"
+        )
 
 
 def runner(cfg: ReasoningConfig, starting: StartingRun, context: RunContext) -> ReasoningRunner:

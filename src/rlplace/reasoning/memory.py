@@ -69,9 +69,12 @@ def predict_memory(
     if cfg.model.path is None:
         return None
     folder = Path(cfg.model.path)
-    shape = TransformerShape.from_config(json.loads((folder / "config.json").read_text()))
+    config = json.loads((folder / "config.json").read_text())
+    shape = TransformerShape.from_config(config)
     source = make_prompt_source(cfg.task) if source is None else source
     seq_len = _longest_prompt(source, folder) + cfg.rollout.max_new_tokens
+    if getattr(cfg.task, "filter_overlong_prompts", False):  # the run leaves out what would not fit the context
+        seq_len = min(seq_len, config.get("max_position_embeddings", seq_len))
     usage = _usage(cfg, shape, seq_len, placement.get_world_size("actor"))
     measured_from = None
     if cfg.plan.profile is not None:

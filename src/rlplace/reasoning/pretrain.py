@@ -36,7 +36,7 @@ from rlplace.reasoning.models.registry import MODELS
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import SCORE, RewardFunction, check_remote_reward
-from rlplace.reasoning.tasks import make_prompt_source
+from rlplace.reasoning.tasks import drop_overlong, make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem, PromptSource, encode_prompts
 from rlplace.reasoning.tasks.registry import ReasoningTaskConfig
 
@@ -162,9 +162,11 @@ def fine_tune(cfg: ReasoningConfig, folder: Path, source: PromptSource) -> dict[
     pre = cfg.model.pretrain
     torch.manual_seed(pre.seed)
     reward = cfg.reward_function()
-    eval_set = source.eval_set()
     tokenizer = load_tokenizer(folder)
     model = load_causal_lm(folder)
+    # The run leaves out the same prompts (`drop_overlong`): pretraining neither learns nor measures on them.
+    drop_overlong(source, cfg.task, tokenizer, model.config.max_position_embeddings, cfg.rollout.max_new_tokens)
+    eval_set = source.eval_set()
     optimizer = torch.optim.AdamW(model.parameters(), lr=pre.lr)
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / LR_WARMUP_STEPS))
     max_new_tokens = cfg.rollout.max_new_tokens

@@ -9,12 +9,13 @@ A new task is a module with its config dataclass (extending `ReasoningTaskConfig
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rlplace.core.errors import ConfigError
 
 from .arithmetic import ArithmeticTaskConfig
-from .dataset import DatasetTaskConfig
-from .prompts import PromptSource
+from .dataset import DatasetTask, DatasetTaskConfig
+from .prompts import Problem, PromptSource, encode_prompts
 from .registry import TASKS, ReasoningTaskConfig
 
 TASKS.register("arithmetic", ArithmeticTaskConfig)
@@ -25,6 +26,7 @@ __all__ = [
     "ArithmeticTaskConfig",
     "DatasetTaskConfig",
     "ReasoningTaskConfig",
+    "drop_overlong",
     "make_prompt_source",
     "steps_for_epochs",
 ]
@@ -46,3 +48,20 @@ def steps_for_epochs(task: ReasoningTaskConfig, epochs: int) -> int:
             "end, so it has no epochs (valid: null, with runner.max_steps)"
         )
     return math.ceil(epochs * records / task.prompts_per_step)
+
+
+def drop_overlong(
+    source: PromptSource, task: ReasoningTaskConfig, tokenizer: Any, context: int, max_new_tokens: int
+) -> tuple[int, int] | None:
+    """With task.filter_overlong_prompts, drop from `source` the problems whose prompt, as the model is asked it
+    (`encode_prompts`), leaves no room for `max_new_tokens` in `context`; how many were dropped from training and
+    from the held-out set. None when the task does not filter (every prompt must then fit: `check_prompt_lengths`).
+    Every process that makes the task's problems drops the same ones: the driver, which checks, and each rollout
+    rank."""
+    if not (isinstance(source, DatasetTask) and getattr(task, "filter_overlong_prompts", False)):
+        return None
+
+    def lengths(problems: list[Problem]) -> list[int]:
+        return [len(ids) for ids in encode_prompts(tokenizer, problems, task)]
+
+    return source.keep_fitting(lengths, context - max_new_tokens)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import glob
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,10 @@ class DatasetTaskConfig(ReasoningTaskConfig):
     messages_key: str | None = None
     """Chat records: the key of the turns (`[{"role": ..., "content": ...}, ...]`, the last one the user's); the
     prompt key is then not read."""
+    filter_overlong_prompts: bool = False
+    """Drop the records whose prompt, as the model is asked it, leaves no room for rollout.max_new_tokens in the
+    model's context (verl's `data.filter_overlong_prompts`), and log how many; false refuses such data before any
+    worker starts, naming the longest prompt."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -129,6 +133,25 @@ class DatasetTask:
 
     def eval_set(self) -> list[Problem]:
         return list(self._eval)
+
+    def keep_fitting(self, lengths: Callable[[list[Problem]], list[int]], room: int) -> tuple[int, int]:
+        """Drop the problems whose prompt is longer than `room` tokens (`lengths` measures a list of prompts);
+        returns how many were dropped from training and from the held-out set. ConfigError naming
+        task.filter_overlong_prompts when a split would be left empty."""
+        dropped = []
+        for split, problems in (("train", self._train), ("eval", self._eval)):
+            kept = [p for p, n in zip(problems, lengths(problems), strict=True) if n <= room]
+            check(
+                bool(kept),
+                "task.filter_overlong_prompts",
+                True,
+                f"false, or a model with a longer context: every {split} prompt is longer than the {room} tokens that "
+                "leave room for rollout.max_new_tokens",
+            )
+            dropped.append(len(problems) - len(kept))
+            problems[:] = kept
+        self._order_epoch = -1  # the orders were of the records before
+        return dropped[0], dropped[1]
 
     def _epoch_order(self, epoch: int) -> list[int]:
         """The permutation of training problems for `epoch`; the latest one is kept, as batches walk forward."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 import torch
+from transformers import AutoConfig
 
 from rlplace.core.weights import StaleWeightsError, receive_state
 from rlplace.reasoning.batch import SequenceBatch
@@ -27,7 +28,7 @@ from rlplace.reasoning.streams import (
     consumer_key,
     micro_batches_of,
 )
-from rlplace.reasoning.tasks import make_prompt_source
+from rlplace.reasoning.tasks import drop_overlong, make_prompt_source
 from rlplace.reasoning.tasks.prompts import Problem, encode_prompts
 from rlplace.scheduler import Channel, Worker, timer
 
@@ -44,6 +45,8 @@ class LLMRolloutWorker(Worker):
         )
         self.engine = make_engine(cfg.rollout.backend, model_path, self.device, options=options)
         self.source = make_prompt_source(cfg.task)
+        context = AutoConfig.from_pretrained(model_path).max_position_embeddings
+        drop_overlong(self.source, cfg.task, self.tokenizer, context, cfg.rollout.max_new_tokens)  # as the driver did
         self.reward = cfg.reward_function()
         self.version = 0
         """The initial weights are the model folder's, as the actor's are: version 0."""
