@@ -16,6 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import jinja2
+import jinja2.meta
+
 from rlplace.core.errors import ConfigError
 
 from .registry import PROMPT
@@ -112,12 +115,9 @@ def encode_prompts(tokenizer: Any, problems: Sequence[Problem], task: ReasoningT
     return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
 
-def template_variables(template: str) -> set[str]:
+def _template_variables(template: str) -> set[str]:
     """The variables a chat template reads from its caller (`messages`, `add_generation_prompt`, `enable_thinking`,
     ...), parsed as transformers compiles templates (with loop controls)."""
-    import jinja2
-    import jinja2.meta
-
     environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
     return jinja2.meta.find_undeclared_variables(environment.parse(template))
 
@@ -126,8 +126,10 @@ def _checked_template_kwargs(tokenizer: Any, task: ReasoningTaskConfig) -> dict[
     """task.chat_template_kwargs, each name one the tokenizer's template reads (ConfigError, one line, otherwise: a
     misspelt name would be ignored by the template without a word)."""
     kwargs = dict(task.chat_template_kwargs)
+    if not kwargs:
+        return kwargs
     template = tokenizer.chat_template
-    read = template_variables(template) if isinstance(template, str) else set(kwargs)
+    read = _template_variables(template) if isinstance(template, str) else set(kwargs)
     unknown = sorted(set(kwargs) - read)
     if unknown:
         name = unknown[0]
