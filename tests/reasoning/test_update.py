@@ -423,6 +423,8 @@ def test_stale_responses_are_clipped_against_the_proximal_policy_and_weighted(fo
     assert (weights > 1.2).any() and (weights < 1.0).any()
     with pytest.raises(ValueError, match="behaviour_logprobs has shape"):
         llm_update(policy, optimizer, batch, advantages, one_step, torch.Generator(), behaviour_logprobs=behaviour[1:])
+    with pytest.raises(ValueError, match="seq_mean_token_sum_norm divides by max_response_tokens"):
+        llm_update(policy, optimizer, batch, advantages, DR_GRPO, torch.Generator())
 
 
 def test_compute_advantages_per_algorithm(folder, tmp_path):

@@ -203,6 +203,8 @@ def llm_update(
         raise ValueError(f"{alg.name} needs a critic")
     if critic is not None and (critic_optimizer is None or returns is None or old_values is None):
         raise ValueError("a critic needs critic_optimizer, returns and old_values")
+    if alg.loss_agg == "seq_mean_token_sum_norm" and max_response_tokens is None:
+        raise ValueError("loss_agg seq_mean_token_sum_norm divides by max_response_tokens (rollout.max_new_tokens)")
     num_rows = batch.num_rows if shard is None else shard.size
     if num_rows < alg.num_minibatches:
         raise ValueError(f"{num_rows} rows are too few for {alg.num_minibatches} minibatches")
