@@ -53,11 +53,9 @@ GRPO = algorithm("grpo", update_epochs=2, num_minibatches=2)
 BUDGET = 8
 """rollout.max_new_tokens of these batches: more than their longest response."""
 DR_GRPO = replace(GRPO, norm_adv_by_std=False, loss_agg="seq_mean_token_sum_norm")
-GSPO = replace(
-    GRPO, importance_ratio="sequence", loss_agg="seq_mean_token_mean", clip_ratio_low=0.01, clip_ratio_high=0.01
-)
-"""The clip range is wider than the paper's 3e-4, so that some of these updates' sequence ratios are clipped and some
-are not."""
+GSPO_DR = replace(DR_GRPO, importance_ratio="sequence", clip_ratio_low=0.01, clip_ratio_high=0.01)
+"""GSPO's sequence ratio with Dr. GRPO's advantage and constant-budget loss: both forms in one update. The clip
+range is wider than GSPO's 3e-4, so that some of these updates' sequence ratios are clipped and some are not."""
 RLOO_DUAL_CLIP = algorithm("rloo", update_epochs=2, num_minibatches=2, clip_ratio_c=1.02, loss_agg="seq_mean_token_sum")
 """The dual clip's bound close to 1, so that it engages on some tokens of these updates."""
 
@@ -342,10 +340,9 @@ def _train(
         algorithm("reinforce_pp", update_epochs=2, num_minibatches=2),
         algorithm("ppo", update_epochs=2, num_minibatches=2),
         RLOO_DUAL_CLIP,
-        DR_GRPO,
-        GSPO,
+        GSPO_DR,
     ],
-    ids=["grpo", "grpo_seq_mean", "reinforce_pp", "ppo", "rloo_dual_clip", "dr_grpo", "gspo"],
+    ids=["grpo", "grpo_seq_mean", "reinforce_pp", "ppo", "rloo_dual_clip", "gspo_dr_grpo"],
 )
 def test_the_rank_count_does_not_change_the_update(folder, params, stale):
     # 1, 2 and 4 ranks train the update of the same global batch: minibatches drawn over it, losses and stats divided
@@ -487,10 +484,9 @@ def test_the_update_reads_the_algorithm_section_as_it_is():
         GRPO,
         replace(GRPO, loss_agg="seq_mean_token_mean"),
         algorithm("ppo", update_epochs=2, num_minibatches=2),
-        DR_GRPO,
-        GSPO,
+        GSPO_DR,
     ],
-    ids=["grpo", "grpo_seq_mean", "ppo", "dr_grpo", "gspo"],
+    ids=["grpo", "grpo_seq_mean", "ppo", "gspo_dr_grpo"],
 )
 def test_token_budget_micro_batches_train_the_same_update(folder, params):
     # Rows are about 11 tokens (prompt and response): a budget of 12 makes a pass per row, 24 two rows a pass, with the
