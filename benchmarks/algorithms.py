@@ -15,36 +15,19 @@ the machine's load (a run's numbers are a function of its seeds), so nothing her
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
-from pathlib import Path
 
 from results import write_section
+from runs import train
 
 ALGORITHMS = ("grpo", "dr_grpo", "gspo", "rloo")
 
 
 def run(algorithm: str, seed: int, steps: int, cache: str) -> dict[str, float]:
     """One training run's summary."""
-    with tempfile.TemporaryDirectory(prefix="rlplace-alg-") as folder:
-        command = [
-            sys.executable,
-            "-m",
-            "rlplace.train",
-            "experiment=arithmetic_grpo",
-            f"algorithm={algorithm}",
-            f"runner.seed={seed}",
-            f"runner.max_steps={steps}",
-            "runner.save_interval=null",
-            "logger=jsonl",
-            f"hydra.run.dir={folder}/run",
-        ]
-        subprocess.run(command, check=True, capture_output=True, env={**os.environ, "RLPLACE_OUTPUT_DIR": cache})
-        return json.loads((Path(folder) / "run" / "summary.json").read_text())
+    overrides = [f"algorithm={algorithm}", f"runner.seed={seed}", f"runner.max_steps={steps}"]
+    return train(["experiment=arithmetic_grpo", *overrides, "runner.save_interval=null"], cache).summary
 
 
 def main() -> None:

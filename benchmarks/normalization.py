@@ -15,15 +15,10 @@ benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 from results import write_section
+from runs import train
 
 
 def normalisation(on: bool) -> list[str]:
@@ -33,21 +28,8 @@ def normalisation(on: bool) -> list[str]:
 
 def run(seed: int, steps: int, normalised: bool) -> dict[str, float]:
     """One training run's last metrics row."""
-    with tempfile.TemporaryDirectory(prefix="rlplace-norm-") as folder:
-        command = [
-            sys.executable,
-            "-m",
-            "rlplace.train",
-            "task=halfcheetah",
-            f"runner.seed={seed}",
-            f"runner.max_steps={steps}",
-            "logger=jsonl",
-            f"hydra.run.dir={folder}/run",
-            *normalisation(normalised),
-        ]
-        subprocess.run(command, check=True, capture_output=True, env={**os.environ, "RLPLACE_OUTPUT_DIR": folder})
-        rows = (Path(folder) / "run" / "metrics.jsonl").read_text().splitlines()
-        return json.loads(rows[-1])
+    overrides = ["task=halfcheetah", f"runner.seed={seed}", f"runner.max_steps={steps}", *normalisation(normalised)]
+    return train(overrides).last
 
 
 def main() -> None:
