@@ -167,6 +167,11 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
         "runner.profile = True is invalid: unset with runner.val_only",
     ),
     "dual clip": ("rlplace-plan", [*REASONING, "algorithm.clip_ratio_c=1"], "algorithm.clip_ratio_c = 1.0 is invalid"),
+    "adaptive kl in the loss": (
+        "rlplace-train",
+        [*REASONING, "algorithm.kl_coef=0.01", "algorithm.kl_ctrl=adaptive"],
+        "algorithm.kl_ctrl = 'adaptive' is invalid: fixed; adaptive steers a KL in the reward",
+    ),
     "std of rloo": (
         "rlplace-train",
         [*REASONING, "algorithm=rloo", "algorithm.norm_adv_by_std=false"],

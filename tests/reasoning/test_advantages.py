@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlplace.reasoning.advantages import (
+    adaptive_kl_coef,
     grpo_advantages,
     kl_penalized,
     masked_mean,
@@ -180,3 +181,11 @@ def test_group_size_must_divide_batch() -> None:
         grpo_advantages(torch.ones(4), torch.ones(4, 2), group_size=3)
     with pytest.raises(ValueError, match="group_size = 3"):
         reinforce_pp_advantages(torch.ones(4), torch.ones(4, 2), None, 0.0, group_size=3)
+
+
+def test_the_adaptive_kl_coefficient_moves_towards_the_target_by_at_most_its_clip() -> None:
+    # Ziegler et al.'s controller: x (1 + clip(kl / target - 1, -0.2, 0.2) x responses / horizon).
+    assert adaptive_kl_coef(0.1, kl=0.11, target=0.1, horizon=100, responses=50) == pytest.approx(0.1 * (1 + 0.1 / 2))
+    assert adaptive_kl_coef(0.1, kl=0.5, target=0.1, horizon=100, responses=50) == pytest.approx(0.1 * 1.1)
+    assert adaptive_kl_coef(0.1, kl=0.0, target=0.1, horizon=100, responses=100) == pytest.approx(0.08)
+    assert adaptive_kl_coef(0.1, kl=0.1, target=0.1, horizon=100, responses=100) == 0.1

@@ -56,6 +56,8 @@ ASYNC_PPO = [
     "runner.max_staleness=1",
     "runner.max_steps=4",
     "reward.overlong_buffer=2",  # DAPO's overlong penalty over the last 2 of the 4 new tokens
+    "algorithm.kl_ctrl=adaptive",  # the KL coefficient, part of the actor's state, moves every step ...
+    "algorithm.kl_horizon=16",  # ... by up to 20%: a step's 16 responses
 ]
 RUNS = {
     # Every component on device 0 (of one core), taking turns: the actor and rollout offload while the others work.
@@ -148,7 +150,7 @@ def test_resume_under_another_placement_continues_exactly(
     assert state["identity"]["algorithm.name"] == "ppo" and state["identity"]["task.prompts_per_step"] == 4
     assert [p.name for p in (checkpoint / "pending").iterdir()] == ["0.pt"]  # step 2's batch, generated in step 1
     actor = torch.load(checkpoint / "actor.pt", weights_only=False)
-    assert set(actor) == {"generator", "rng", "version"}
+    assert set(actor) == {"generator", "rng", "version", "kl_coef"}
     assert set(actor["rng"]) == {"torch", "numpy", "python"} and actor["version"] == 2
     models = trained_state(checkpoint, tmp_path / "step2.pt")
     assert set(models) == {"policy", "policy_optimizer", "critic", "critic_optimizer"}
@@ -235,6 +237,10 @@ def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, 
         if variant == "collocated":  # each response's penalty is 0, -0.5 (3 tokens) or -1 (4, cut off or not)
             assert -1 <= row["reward/overlong_penalty"] <= -row["rollout/clip_ratio"]
             assert row["reward/score"] == pytest.approx(row["rollout/reward"])
+            # The adaptive KL coefficient: each step's KL in the reward is far under the target (0.1), so it shrinks
+            # by the most a step allows, 20% (its 16 responses are kl_horizon's): 0.001 x 0.8^step.
+            assert row["train/reward_kl"] < 0.08
+            assert row["train/kl_coef"] == pytest.approx(0.001 * 0.8 ** row["step"], rel=1e-9)
         # Responses cut at max_new_tokens: each of them has max_new_tokens tokens.
         assert 0 <= row["rollout/clip_ratio"] * max_new_tokens <= row["rollout/response_length"]
         if variant == "disaggregated":  # an untrained model's 8 tokens seldom include its end token
@@ -399,7 +405,7 @@ def test_bad_input_is_refused_before_workers_start(
     ("change", "message"),
     [
         ("task.prompts_per_step=8", "it was written with task.prompts_per_step = 4, this run has 8"),
-        ("algorithm=grpo", "it was written with algorithm.name = 'ppo', this run has 'grpo'"),
+        ("algorithm=reinforce_pp", "it was written with algorithm.name = 'ppo', this run has 'reinforce_pp'"),
         ("runner.max_staleness=0", "it was written with runner.max_staleness = 1, this run has 0"),
         ("a wider model", "it was written with the model's hidden_size = 64, this run has 128"),
         ("an embodied run", r"not a checkpoint of the reasoning family \(no reasoning state in its runner.json\)"),

@@ -23,7 +23,7 @@ from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_ca
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.tasks.prompts import Problem
-from rlplace.reasoning.update import compute_advantages, llm_update
+from rlplace.reasoning.update import compute_advantages, llm_update, reward_kl
 from tests.data_parallel import ThreadRanks
 
 GROUP = 4
@@ -283,6 +283,8 @@ def _train(
     noise = torch.Generator().manual_seed(5)
     for part in parts:  # an older behaviour policy sampled the responses: the update weighs tokens by pi_prox/pi_behav
         part.behaviour = part.old_logprobs + 0.1 * torch.randn(part.old_logprobs.shape, generator=noise)
+        if params.kl_coef:  # and the reference model is another one
+            part.ref_logprobs = part.old_logprobs + 0.1 * torch.randn(part.old_logprobs.shape, generator=noise)
     ranks = ThreadRanks(world_size)
 
     def train(rank: int) -> tuple[torch.Tensor, dict[str, float]]:
@@ -301,6 +303,10 @@ def _train(
             with torch.no_grad():
                 old_values = value_model.response_values(batch)
         advantages, returns = compute_advantages(batch, params, old_values, sum_over_ranks)
+        kl_stats = {}
+        if params.kl_in_reward:
+            kl, responses = reward_kl(batch, params, sum_over_ranks)
+            kl_stats = {"reward_kl": kl, "responses": responses}
         if value_model is not None:
             critic_optimizer = torch.optim.SGD(value_model.parameters(), lr=0.1)
             critic_args = dict(critic=value_model, critic_optimizer=critic_optimizer, returns=returns)
@@ -322,7 +328,7 @@ def _train(
             **critic_args,
         )
         weights = [_flat(model)] + ([] if value_model is None else [_flat(value_model)])
-        return torch.cat(weights), stats
+        return torch.cat(weights), stats | kl_stats
 
     results = ranks.run(train)
     for weights, stats in results[1:]:
@@ -337,16 +343,17 @@ def _train(
     [
         replace(GRPO, kl_coef=0.0),
         replace(GRPO, loss_agg="seq_mean_token_mean"),
-        algorithm("reinforce_pp", update_epochs=2, num_minibatches=2),
+        algorithm("reinforce_pp", update_epochs=2, num_minibatches=2, kl_coef=0.05, use_kl_loss=False, kl_type="k1"),
         algorithm("ppo", update_epochs=2, num_minibatches=2),
         RLOO_DUAL_CLIP,
         GSPO_DR,
     ],
-    ids=["grpo", "grpo_seq_mean", "reinforce_pp", "ppo", "rloo_dual_clip", "gspo_dr_grpo"],
+    ids=["grpo", "grpo_seq_mean", "reinforce_pp_kl_in_reward", "ppo", "rloo_dual_clip", "gspo_dr_grpo"],
 )
 def test_the_rank_count_does_not_change_the_update(folder, params, stale):
     # 1, 2 and 4 ranks train the update of the same global batch: minibatches drawn over it, losses and stats divided
-    # by the global minibatch's token and response counts, REINFORCE++'s and PPO's whitening over the whole batch. The
+    # by the global minibatch's token and response counts, REINFORCE++'s and PPO's whitening over the whole batch, the
+    # KL in the reward averaged over the whole batch for the adaptive controller (`reward_kl`). The
     # ranks hold unequal token counts (responses of unequal length). What differs is float summation order and the
     # padding of a rank's rows (its prompts and responses padded to its own widths): a few ulps, hence 1e-5.
     weights_1, stats_1 = _train(folder, params, 1, stale)
@@ -442,6 +449,10 @@ def test_compute_advantages_per_algorithm(folder, tmp_path):
     rpp_kl_loss, _ = compute_advantages(batch, replace(kl_in_reward, use_kl_loss=True))
     assert not torch.allclose(rpp, rpp_kl_loss)  # the penalty is in the rewards only when use_kl_loss is off
     torch.testing.assert_close(rpp_kl_loss, reinforce_pp_advantages(batch.rewards, mask, None, 0.1, GROUP))
+    # What the adaptive controller reads: the responses' mean of their token-mean KL (k1: old - ref log-probs).
+    kl, responses = reward_kl(batch, replace(kl_in_reward, kl_type="k1"), None)
+    per_response = [(batch.old_logprobs - batch.ref_logprobs)[row][mask[row]].double().mean() for row in range(8)]
+    assert responses == 8 and kl == pytest.approx(float(sum(per_response)) / 8, rel=1e-12)
 
     ppo = algorithm("ppo", gae_lambda=0.9)
     advantages, returns = compute_advantages(batch, ppo, values)

@@ -79,6 +79,14 @@ def kl_penalized(token_rewards: Tensor, token_kl: Tensor, kl_coef: float, mask: 
     return (token_rewards - kl_coef * token_kl) * _float_mask(mask, token_rewards)
 
 
+def adaptive_kl_coef(kl_coef: float, kl: float, target: float, horizon: int, responses: int) -> float:
+    """The next step's coefficient of a KL in the reward under the adaptive controller of Ziegler et al. (2019):
+    scaled by 1 + e * responses / horizon, where e is the relative error of this step's `kl` to `target`, clipped to
+    [-0.2, 0.2] so that one unusual batch moves it little."""
+    error = min(max(kl / target - 1.0, -0.2), 0.2)
+    return kl_coef * (1.0 + error * responses / horizon)
+
+
 def grpo_advantages(rewards: Tensor, mask: Tensor, group_size: int, norm_std: bool = True, eps: float = 1e-6) -> Tensor:
     """GRPO (Shao et al., 2024), outcome supervision: (r - group mean) / (group std + eps) on every response token.
 

@@ -1,6 +1,7 @@
 """The reasoning algorithms: `algorithm.name` -> its advantage estimator and the traits the rest of the code asks
-about (a critic, the smallest group, where a KL penalty may go); and the names of the policy loss's forms that every
-algorithm can take (`LOSS_AGGREGATIONS`, `IMPORTANCE_RATIOS`), which configs are checked against.
+about (a critic, the smallest group, where a KL penalty may go); and the names that configs are checked against of
+the policy loss's forms every algorithm can take (`LOSS_AGGREGATIONS`, `IMPORTANCE_RATIOS`) and of the controllers of
+a KL coefficient (`KL_CONTROLLERS`).
 
 A new algorithm is an estimator `(batch, algorithm section, values, sum_over_ranks) -> (advantages, returns)` and one
 `ALGORITHMS.register` line here, plus its option file `conf/algorithm/<name>.yaml`. Pure Python: configs are checked
@@ -42,3 +43,5 @@ LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", 
 """How per-token losses become one number (`losses.aggregate_loss`)."""
 IMPORTANCE_RATIOS = ("token", "sequence")
 """Where the policy loss takes its importance ratio: per token (PPO's) or per response (GSPO's)."""
+KL_CONTROLLERS = ("fixed", "adaptive")
+"""How the coefficient of a KL in the reward evolves (`advantages.adaptive_kl_coef`)."""

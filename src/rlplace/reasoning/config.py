@@ -17,7 +17,7 @@ from typing import ClassVar
 from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
 from rlplace.core.strategies import AUTO, DTYPES, STRATEGIES
-from rlplace.reasoning.algorithms import ALGORITHMS, IMPORTANCE_RATIOS, LOSS_AGGREGATIONS
+from rlplace.reasoning.algorithms import ALGORITHMS, IMPORTANCE_RATIOS, KL_CONTROLLERS, LOSS_AGGREGATIONS
 from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.models.registry import MODELS
 from rlplace.reasoning.rewards import RewardFunction, absolute, reward_function
@@ -98,6 +98,14 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
     """KL estimator per token: `k1`, `k2`, or `low_var_kl` (k3)."""
     use_kl_loss: bool = True
     """KL as a loss term (GRPO's way); False subtracts it from the token rewards (PPO's and REINFORCE++'s way)."""
+    kl_ctrl: str = "fixed"
+    """The coefficient of a KL in the reward: `fixed` (kl_coef throughout) or `adaptive`, which starts at kl_coef
+    and after each step moves it towards keeping the rollout's KL to the reference at kl_target (Ziegler et al. 2019;
+    verl's kl_ctrl.type, OpenRLHF's --kl_target)."""
+    kl_target: float = 0.1
+    """adaptive: the KL per token, averaged over responses, the coefficient steers towards."""
+    kl_horizon: int = 10000
+    """adaptive: responses over which a KL off target by 20% or more changes the coefficient by 20%."""
     loss_agg: str = "token_mean"
     """How token losses become one number: `token_mean` over every token of the minibatch (DAPO's),
     `seq_mean_token_mean` (each response's token mean, averaged: GRPO's and GSPO's), `seq_mean_token_sum` (each
@@ -150,6 +158,16 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
             "null (no dual clip) or more than 1",
         )
         check(self.kl_coef >= 0, "algorithm.kl_coef", self.kl_coef, "0 or more")
+        check_choice("algorithm.kl_ctrl", self.kl_ctrl, KL_CONTROLLERS)
+        check(
+            self.kl_ctrl == "fixed" or self.kl_in_reward,
+            "algorithm.kl_ctrl",
+            self.kl_ctrl,
+            "fixed; adaptive steers a KL in the reward, which needs algorithm.kl_coef > 0, algorithm.use_kl_loss=false "
+            f"and an algorithm.name of {', '.join(n for n, a in ALGORITHMS.items() if a.kl_in_reward)}",
+        )
+        check(self.kl_target > 0, "algorithm.kl_target", self.kl_target, "positive")
+        check(self.kl_horizon >= 1, "algorithm.kl_horizon", self.kl_horizon, "at least 1")
         check(self.critic_lr > 0, "algorithm.critic_lr", self.critic_lr, "positive")
         check(self.weight_decay >= 0, "algorithm.weight_decay", self.weight_decay, "0 or more")
         if algorithm.min_group_size > 1:

@@ -69,6 +69,21 @@ def _rollout_kl(batch: SequenceBatch, alg: ReasoningAlgorithmConfig) -> Tensor:
     return kl_divergence(batch.old_logprobs, batch.ref_logprobs, alg.kl_type)
 
 
+def reward_kl(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, sum_over_ranks: SumOverRanks) -> tuple[float, int]:
+    """The step's KL in the reward, as the adaptive controller reads it: each response's mean per-token KL of the
+    rollout policy to the reference, averaged over the step's responses (every rank's with `sum_over_ranks`); and
+    how many responses that is. Summed in float64: the same number on any count of ranks."""
+    mask = batch.response_mask.cpu().double()
+    lengths = mask.sum(-1)
+    answered = lengths > 0
+    per_response = (_rollout_kl(batch, alg).cpu().double() * mask).sum(-1)[answered] / lengths[answered]
+    totals = torch.stack([per_response.sum(), answered.sum().double()])
+    if sum_over_ranks is not None:
+        sum_over_ranks(totals)
+    responses = round(float(totals[1]))
+    return float(totals[0]) / max(responses, 1), responses
+
+
 Advantages = tuple[Tensor, Tensor | None]
 """[B, T] advantages and, where the algorithm has a critic, [B, T] returns."""
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shutil
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from rlplace.core.strategies.base import build_strategy
 from rlplace.core.strategies.training_state import load_training_state, save_training_state
 from rlplace.core.timing import median_seconds
 from rlplace.core.weights import broadcast_weights
+from rlplace.reasoning.advantages import adaptive_kl_coef
 from rlplace.reasoning.batch import SequenceBatch, response_logits, response_logprobs
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.hf_folder import copy_without_weights
@@ -42,11 +44,12 @@ from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.rewards import METRIC_PREFIX
 from rlplace.reasoning.streams import micro_batches_of
-from rlplace.reasoning.update import compute_advantages, llm_update, optimizer_step
+from rlplace.reasoning.update import compute_advantages, llm_update, optimizer_step, reward_kl
 from rlplace.scheduler import Channel, Worker, timer
 
 STATE_FILE = "actor.pt"
-"""The actor's counters in a checkpoint folder: the minibatch generator, the RNG states and the weight version."""
+"""The actor's counters in a checkpoint folder: the minibatch generator, the RNG states, the weight version and the
+KL coefficient."""
 PROFILE_REPEATS = 5
 """Timed calls per size of `profile_passes`: the same on every rank (they are collective), a median of five."""
 MODELS_DIR = "actor"
@@ -87,6 +90,11 @@ class LLMActorWorker(Worker):
         self.advantages: torch.Tensor | None = None
         self.returns: torch.Tensor | None = None
         self.old_values: torch.Tensor | None = None
+        self.kl_coef = alg.kl_coef
+        """The coefficient of a KL in the reward for the next step: algorithm.kl_coef, moved after every step under
+        algorithm.kl_ctrl = adaptive."""
+        self.kl_stats: dict[str, float] = {}
+        """train/kl_coef and train/reward_kl of the batch's advantages, with a KL in the reward."""
 
     def _trainable(self, model: nn.Module) -> nn.Module:
         """`model` in train mode, with activation checkpointing per decoder layer if asked, under the strategy."""
@@ -137,7 +145,13 @@ class LLMActorWorker(Worker):
         if self.world_size > 1:
             self.shard = self._shard(parts)
         sum_over_ranks = None if self.shard is None else self.shard.sum_over_ranks
-        self.advantages, self.returns = compute_advantages(batch, self.cfg.algorithm, self.old_values, sum_over_ranks)
+        alg = replace(self.cfg.algorithm, kl_coef=self.kl_coef)
+        self.advantages, self.returns = compute_advantages(batch, alg, self.old_values, sum_over_ranks)
+        if alg.kl_in_reward:
+            kl, responses = reward_kl(batch, alg, sum_over_ranks)
+            self.kl_stats = {"train/kl_coef": self.kl_coef, "train/reward_kl": kl}
+            if alg.kl_ctrl == "adaptive":
+                self.kl_coef = adaptive_kl_coef(self.kl_coef, kl, alg.kl_target, alg.kl_horizon, responses)
         assert batch.rewards is not None
         return {
             "rows": float(batch.num_rows),
@@ -179,7 +193,7 @@ class LLMActorWorker(Worker):
         )
         self.version += 1
         stats["async/staleness"] = float(step - self.batch.version)
-        return stats
+        return stats | self.kl_stats
 
     def profile_passes(self, sizes: list[int], repeats: int = PROFILE_REPEATS) -> dict[str, Any]:
         """After the run (`runner.profile`): median seconds of one training pass of the policy (forward and backward,
@@ -234,7 +248,12 @@ class LLMActorWorker(Worker):
         save_pending(folder, self.rank, self.pending)
         save_training_state(Path(folder) / MODELS_DIR, self._trained())
         if self.rank == 0:
-            state = {"generator": self.generator.get_state(), "rng": rng_states(), "version": self.version}
+            state = {
+                "generator": self.generator.get_state(),
+                "rng": rng_states(),
+                "version": self.version,
+                "kl_coef": self.kl_coef,
+            }
             torch.save(state, Path(folder) / STATE_FILE)
             copy_without_weights(self.model_path, Path(folder) / MODEL_FILES_DIR)
 
@@ -246,6 +265,7 @@ class LLMActorWorker(Worker):
         self.generator.set_state(state["generator"])
         set_rng_states(state["rng"])
         self.version = state["version"]
+        self.kl_coef = state.get("kl_coef", self.kl_coef)  # none in checkpoints of versions with a fixed coefficient
         num_micro_batches = self.cfg.task.prompts_per_step // self.cfg.rollout.micro_batch_prompts
         mine = set(micro_batches_of(self.rank, self.world_size, num_micro_batches))
         self.pending = deque(
