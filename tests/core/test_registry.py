@@ -49,7 +49,8 @@ def test_the_config_names_come_from_the_registries() -> None:
         assert PPOConfig(adv_estimator="test_only").adv_estimator == "test_only"
     finally:
         ADVANTAGE_ESTIMATORS._entries.pop("test_only")
-    with pytest.raises(ConfigError, match=r"^algorithm.name = 'dpo' is invalid: valid: grpo, ppo, reinforce_pp, rloo$"):
+    valid = "grpo, ppo, reinforce_pp, rloo, reinforce"
+    with pytest.raises(ConfigError, match=rf"^algorithm.name = 'dpo' is invalid: valid: {valid}$"):
         ReasoningAlgorithmConfig(name="dpo")
     assert ALGORITHMS["ppo"].critic and ReasoningAlgorithmConfig(name="ppo").has_critic
     with pytest.raises(ConfigError, match="algorithm.group_size = 1 is invalid: at least 2: grpo compares"):

@@ -371,7 +371,7 @@ ARITHMETIC_GROUPS = ["task=arithmetic", "model=tiny_lm", "placement=reasoning_co
             ConfigError,
             r"algorithm: the chosen option \(algorithm.name = 'ppo'\) belongs to the embodied family.*"
             r"valid: algorithm=dr_grpo, algorithm=grpo, algorithm=gspo, algorithm=reasoning_ppo, "
-            r"algorithm=reinforce_pp, algorithm=rloo\)",
+            r"algorithm=reinforce, algorithm=reinforce_pp, algorithm=rloo\)",
         ),
         # Tensor parallelism is gone: its key no longer composes.
         (

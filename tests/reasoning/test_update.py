@@ -19,6 +19,7 @@ from rlplace.core.strategies.replica import Replica
 from rlplace.reasoning.advantages import grpo_advantages, masked_mean, reinforce_pp_advantages
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
+from rlplace.reasoning.losses import kl_divergence
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
@@ -449,6 +450,10 @@ def test_compute_advantages_per_algorithm(folder, tmp_path):
     rpp_kl_loss, _ = compute_advantages(batch, replace(kl_in_reward, use_kl_loss=True))
     assert not torch.allclose(rpp, rpp_kl_loss)  # the penalty is in the rewards only when use_kl_loss is off
     torch.testing.assert_close(rpp_kl_loss, reinforce_pp_advantages(batch.rewards, mask, None, 0.1, GROUP))
+    plain, _ = compute_advantages(batch, algorithm("reinforce", kl_coef=0.1, use_kl_loss=False))
+    kl = kl_divergence(batch.old_logprobs, batch.ref_logprobs, "low_var_kl")
+    torch.testing.assert_close(plain, reinforce_pp_advantages(batch.rewards, mask, kl, 0.1))
+    assert not torch.allclose(plain, rpp)  # without the group baseline
     # What the adaptive controller reads: the responses' mean of their token-mean KL (k1: old - ref log-probs).
     kl, responses = reward_kl(batch, replace(kl_in_reward, kl_type="k1"), None)
     per_response = [(batch.old_logprobs - batch.ref_logprobs)[row][mask[row]].double().mean() for row in range(8)]

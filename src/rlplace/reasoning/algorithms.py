@@ -38,6 +38,7 @@ ALGORITHMS.register("grpo", Algorithm("rlplace.reasoning.update:estimate_grpo", 
 ALGORITHMS.register("ppo", Algorithm("rlplace.reasoning.update:estimate_ppo", critic=True))
 ALGORITHMS.register("reinforce_pp", Algorithm("rlplace.reasoning.update:estimate_reinforce_pp", min_group_size=2))
 ALGORITHMS.register("rloo", Algorithm("rlplace.reasoning.update:estimate_rloo", min_group_size=2))
+ALGORITHMS.register("reinforce", Algorithm("rlplace.reasoning.update:estimate_reinforce"))
 
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 """How per-token losses become one number (`losses.aggregate_loss`)."""

@@ -89,8 +89,9 @@ class LMConfig:
 
 @dataclass
 class ReasoningAlgorithmConfig(PolicyGradientConfig):
-    """GRPO, PPO (critic + token-level GAE), REINFORCE++ or RLOO, on response tokens, with an optional KL to the
-    reference (initial) model, and the policy loss's forms (Dr. GRPO's, GSPO's, dual clip) open to each."""
+    """GRPO, PPO (critic + token-level GAE), REINFORCE++ (with or without the group baseline) or RLOO, on response
+    tokens, with an optional KL to the reference (initial) model, and the policy loss's forms (Dr. GRPO's, GSPO's,
+    dual clip) open to each."""
 
     kl_coef: float = 0.0
     """Weight of the KL to the reference model; 0 skips the reference entirely."""
@@ -181,7 +182,7 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
 
     @property
     def kl_in_reward(self) -> bool:
-        """The KL penalty is folded into the token rewards (ppo and reinforce_pp without use_kl_loss)."""
+        """The KL penalty is folded into the token rewards (an algorithm that allows it, without use_kl_loss)."""
         return self.kl_coef > 0 and not self.use_kl_loss and ALGORITHMS[self.name].kl_in_reward
 
     @property

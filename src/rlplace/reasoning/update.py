@@ -110,11 +110,24 @@ def estimate_rloo(
 def estimate_reinforce_pp(
     batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None, sum_over_ranks: SumOverRanks
 ) -> Advantages:
-    """Whitened returns of the rewards, group-baselined when group_size > 1, with the KL penalty in the token rewards
+    """REINFORCE++-baseline: whitened returns of the group-baselined rewards, with the KL penalty in the token rewards
     unless use_kl_loss."""
+    return _reinforce_pp(batch, alg, alg.group_size, sum_over_ranks), None
+
+
+def estimate_reinforce(
+    batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None, sum_over_ranks: SumOverRanks
+) -> Advantages:
+    """REINFORCE++ without a baseline (OpenRLHF's `reinforce`): whitened returns of the rewards as they are, so that
+    it works with one response per prompt."""
+    return _reinforce_pp(batch, alg, None, sum_over_ranks), None
+
+
+def _reinforce_pp(
+    batch: SequenceBatch, alg: ReasoningAlgorithmConfig, group_size: int | None, sum_over_ranks: SumOverRanks
+) -> Tensor:
     token_kl = _rollout_kl(batch, alg) if alg.kl_in_reward else None
-    group_size = alg.group_size if alg.group_size > 1 else None  # a group of 1 has no baseline
-    advantages = reinforce_pp_advantages(
+    return reinforce_pp_advantages(
         batch.rewards,
         batch.response_mask,
         token_kl,
@@ -123,7 +136,6 @@ def estimate_reinforce_pp(
         gamma=alg.gamma,
         sum_over_ranks=sum_over_ranks,
     )
-    return advantages, None
 
 
 def estimate_ppo(
