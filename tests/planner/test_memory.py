@@ -14,8 +14,10 @@ import pytest
 from transformers import LlamaConfig, Qwen2Config
 
 from rlplace.cli import compose_run
+from rlplace.core.errors import ConfigError
 from rlplace.families import resolve
 from rlplace.planner.memory import TransformerShape, Usage, device_peaks, over_capacity
+from rlplace.reasoning.launch import check_built_model_memory
 from rlplace.reasoning.memory import predict_memory
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm
 
@@ -93,6 +95,17 @@ def test_a_run_that_does_not_fit_is_refused_naming_device_phase_and_excess(model
     assert "cluster.device_memory_gb = 0.001: device 0 needs" in line and "GB over" in line, line
     predicted = predict_memory(*_plan(args[:2])).peaks[0]
     assert f"in phase {max(predicted, key=predicted.get)} " in line  # the step's largest phase is named
+
+
+def test_a_model_built_here_is_checked_once_built_before_any_worker_starts(model_path):
+    """Without model.path the shape is unknown until the run builds its model (`reasoning.launch.start` then checks
+    it): the config alone predicts nothing, and the folder built stands in for model.path."""
+    args = ["experiment=arithmetic_grpo", "cluster.device_memory_gb=0.001"]
+    cfg, placement = _plan(args)
+    assert cfg.model.path is None and predict_memory(cfg, placement) is None
+    with pytest.raises(ConfigError, match=r"^cluster.device_memory_gb = 0.001: device 0 needs .* GB over"):
+        check_built_model_memory(cfg, model_path, placement)
+    check_built_model_memory(replace(cfg, cluster=replace(cfg.cluster, device_memory_gb=1.0)), model_path, placement)
 
 
 def test_a_profile_that_measured_its_peaks_scales_the_prediction(model_path, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -15,9 +16,10 @@ from transformers import AutoConfig
 
 from rlplace.core import checkpoint
 from rlplace.core.launcher import RunContext
-from rlplace.placement import HybridComponentPlacement
+from rlplace.placement import ComponentPlacement, HybridComponentPlacement
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.generation.backends import BACKENDS
+from rlplace.reasoning.memory import check_memory
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.pretrain import pretrained_model_path
 from rlplace.reasoning.rewards import check_remote_reward
@@ -69,6 +71,7 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
     model_path = pretrained_model_path(cfg)
     check_prompts_fit(cfg, model_path)
     placement = HybridComponentPlacement(cfg, cluster)
+    check_built_model_memory(cfg, model_path, placement)
 
     def start_group(worker: type, name: str, *args: object) -> StartingGroup:
         return worker.create_group(cfg, str(model_path), *args).start(
@@ -84,6 +87,14 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
     return StartingRun(
         model_path, placement, actor, inference, reward, rollout, cluster.cores_by_device(), cluster.cores_by_node()
     )
+
+
+def check_built_model_memory(cfg: ReasoningConfig, model_path: Path, placement: ComponentPlacement) -> None:
+    """A model built here (no model.path) has a shape only once it is built: its predicted device memory is checked
+    against cluster.device_memory_gb then, before any worker starts (a model.path's was checked with the config)."""
+    if cfg.model.path is None and cfg.cluster.device_memory_gb is not None:
+        built = replace(cfg, model=replace(cfg.model, path=str(model_path)))
+        check_memory(built, placement, make_prompt_source(cfg.task))
 
 
 def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> None:
