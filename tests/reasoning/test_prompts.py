@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -422,6 +423,19 @@ rollout.max_new_tokens = 8 after them; the longest has 129 tokens"""),
     evals = _write(tmp_path / "eval.jsonl", [prompt(129), *_records(2)])
     with pytest.raises(ConfigError, match=re.escape(f"task.eval_path = '{evals}' is invalid with model.path")):
         check(_records(6), f"task.eval_path={evals}")
+    # verl's max_prompt_length: a budget below the context's room, which refuses what is longer (no truncation).
+    check([*_records(6), prompt(121)], "rollout.max_new_tokens=7", "task.max_prompt_length=121")
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            f"task.max_prompt_length = 100 is invalid with task.train_path = '{tmp_path / 'train.jsonl'}': 1 of its 5 "
+            "train prompts is longer; the longest has 121 tokens ('1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+') (valid: "
+            "121 or more, or task.filter_overlong_prompts=true to leave them out)"
+        ),
+    ):
+        check([*_records(6), prompt(121)], "rollout.max_new_tokens=7", "task.max_prompt_length=100")
+    with pytest.raises(ConfigError, match=r"task.max_prompt_length = 0 is invalid: null or at least 1"):
+        check(_records(6), "task.max_prompt_length=0")
 
 
 def test_overlong_prompts_are_left_out_when_the_task_filters_them(
@@ -444,13 +458,20 @@ def test_overlong_prompts_are_left_out_when_the_task_filters_them(
     plan = resolve(compose_run(data))
     with caplog.at_level(logging.INFO):
         check_prompts_fit(plan.cfg, model_path)
-    assert "task.filter_overlong_prompts: 2 training and 0 held-out prompts leave no room" in caplog.text
+    assert (
+        "task.filter_overlong_prompts: 2 training and 0 held-out prompts are longer than the 120 tokens" in caplog.text
+    )
     source = make_prompt_source(plan.cfg.task)
     assert drop_overlong(source, plan.cfg.task, load_tokenizer(model_path), 128, 8) == (2, 0)
     assert source.num_train == 3 and all(len(p.prompt) < 20 for p in source.train_batch(0, 6))
+    # With 4 new tokens the context leaves room for the 121-token prompt; task.max_prompt_length does not.
+    for limit, dropped in ((None, 1), (100, 2)):
+        source = make_prompt_source(plan.cfg.task)
+        task = replace(plan.cfg.task, max_prompt_length=limit)
+        assert drop_overlong(source, task, load_tokenizer(model_path), 128, 4) == (dropped, 0)
     evals = _write(tmp_path / "eval.jsonl", [prompt(129)])
     plan = resolve(compose_run([*data, f"task.eval_path={evals}"]))
-    with pytest.raises(ConfigError, match="task.filter_overlong_prompts = True is invalid: false, or a model with a"):
+    with pytest.raises(ConfigError, match="task.filter_overlong_prompts = True is invalid: false, or room for longer"):
         check_prompts_fit(plan.cfg, model_path)
 
 

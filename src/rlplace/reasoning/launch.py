@@ -24,7 +24,7 @@ from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.pretrain import pretrained_model_path
 from rlplace.reasoning.rewards import check_remote_reward
 from rlplace.reasoning.runner import ReasoningRunner
-from rlplace.reasoning.tasks import drop_overlong, make_prompt_source
+from rlplace.reasoning.tasks import drop_overlong, make_prompt_source, prompt_room
 from rlplace.reasoning.tasks.prompts import check_prompt_lengths
 from rlplace.reasoning.workers import InferenceWorker, LLMActorWorker, LLMRolloutWorker, RewardWorker
 from rlplace.scheduler import Cluster, StartingGroup, wait_started
@@ -108,10 +108,11 @@ def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> None:
     if dropped is None:
         check_prompt_lengths(cfg.task, source, tokenizer, context, cfg.rollout.max_new_tokens, str(model_path))
     else:
+        room = prompt_room(cfg.task, context, cfg.rollout.max_new_tokens)
         log.info(
-            f"rlplace: task.filter_overlong_prompts: {dropped[0]} training and {dropped[1]} held-out prompts leave no "
-            f"room for rollout.max_new_tokens = {cfg.rollout.max_new_tokens} in the model's context of {context} "
-            "tokens and are left out"
+            f"rlplace: task.filter_overlong_prompts: {dropped[0]} training and {dropped[1]} held-out prompts are "
+            f"longer than the {room} tokens a prompt may have (the model's context of {context} tokens less "
+            f"rollout.max_new_tokens = {cfg.rollout.max_new_tokens}, task.max_prompt_length at most) and are left out"
         )
 
 

@@ -33,7 +33,7 @@ from rlplace.planner.memory import GB, TransformerShape, Usage, device_peaks, ov
 from rlplace.planner.profile import load_model
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.phases import PHASES
-from rlplace.reasoning.tasks import make_prompt_source
+from rlplace.reasoning.tasks import make_prompt_source, prompt_room
 from rlplace.reasoning.tasks.prompts import PromptSource
 
 PROMPTS_MEASURED = 256
@@ -73,8 +73,9 @@ def predict_memory(
     shape = TransformerShape.from_config(config)
     source = make_prompt_source(cfg.task) if source is None else source
     seq_len = _longest_prompt(source, folder) + cfg.rollout.max_new_tokens
-    if getattr(cfg.task, "filter_overlong_prompts", False):  # the run leaves out what would not fit the context
-        seq_len = min(seq_len, config.get("max_position_embeddings", seq_len))
+    if getattr(cfg.task, "filter_overlong_prompts", False):  # the run leaves out the prompts that do not fit
+        context = config.get("max_position_embeddings", seq_len)
+        seq_len = min(seq_len, prompt_room(cfg.task, context, cfg.rollout.max_new_tokens) + cfg.rollout.max_new_tokens)
     usage = _usage(cfg, shape, seq_len, placement.get_world_size("actor"))
     measured_from = None
     if cfg.plan.profile is not None:

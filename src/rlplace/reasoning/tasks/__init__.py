@@ -27,6 +27,7 @@ __all__ = [
     "DatasetTaskConfig",
     "ReasoningTaskConfig",
     "drop_overlong",
+    "prompt_room",
     "make_prompt_source",
     "steps_for_epochs",
 ]
@@ -54,8 +55,8 @@ def drop_overlong(
     source: PromptSource, task: ReasoningTaskConfig, tokenizer: Any, context: int, max_new_tokens: int
 ) -> tuple[int, int] | None:
     """With task.filter_overlong_prompts, drop from `source` the problems whose prompt, as the model is asked it
-    (`encode_prompts`), leaves no room for `max_new_tokens` in `context`; how many were dropped from training and
-    from the held-out set. None when the task does not filter (every prompt must then fit: `check_prompt_lengths`).
+    (`encode_prompts`), is longer than `prompt_room` allows; how many were dropped from training and from the
+    held-out set. None when the task does not filter (every prompt must then fit: `check_prompt_lengths`).
     Every process that makes the task's problems drops the same ones: the driver, which checks, and each rollout
     rank."""
     if not (isinstance(source, DatasetTask) and getattr(task, "filter_overlong_prompts", False)):
@@ -64,4 +65,12 @@ def drop_overlong(
     def lengths(problems: list[Problem]) -> list[int]:
         return [len(ids) for ids in encode_prompts(tokenizer, problems, task)]
 
-    return source.keep_fitting(lengths, context - max_new_tokens)
+    return source.keep_fitting(lengths, prompt_room(task, context, max_new_tokens))
+
+
+def prompt_room(task: ReasoningTaskConfig, context: int, max_new_tokens: int) -> int:
+    """The most tokens a prompt may have: what the model's `context` leaves for `max_new_tokens` after it, and no
+    more than task.max_prompt_length where the task has one."""
+    room = context - max_new_tokens
+    limit = getattr(task, "max_prompt_length", None)
+    return room if limit is None else min(room, limit)

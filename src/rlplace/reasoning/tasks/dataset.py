@@ -61,14 +61,19 @@ class DatasetTaskConfig(ReasoningTaskConfig):
     messages_key: str | None = None
     """Chat records: the key of the turns (`[{"role": ..., "content": ...}, ...]`, the last one the user's); the
     prompt key is then not read."""
+    max_prompt_length: int | None = None
+    """The most tokens a prompt may have, as the model is asked it (verl's `data.max_prompt_length`), below what the
+    model's context leaves for rollout.max_new_tokens; null: that room alone. Prompts are never truncated."""
     filter_overlong_prompts: bool = False
-    """Drop the records whose prompt, as the model is asked it, leaves no room for rollout.max_new_tokens in the
-    model's context (verl's `data.filter_overlong_prompts`), and log how many; false refuses such data before any
-    worker starts, naming the longest prompt."""
+    """Drop the records whose prompt, as the model is asked it, is longer than task.max_prompt_length or leaves no
+    room for rollout.max_new_tokens in the model's context (verl's `data.filter_overlong_prompts`), and log how many;
+    false refuses such data before any worker starts, naming the longest prompt."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.train_path is not None, "task.train_path", self.train_path, DATA_FILES)
+        limit = self.max_prompt_length
+        check(limit is None or limit >= 1, "task.max_prompt_length", limit, "null or at least 1")
         for key, value in (("task.train_path", self.train_path), ("task.eval_path", self.eval_path)):
             if value is not None:
                 entries = value if isinstance(value, list | tuple) else [value]
@@ -145,8 +150,8 @@ class DatasetTask:
                 bool(kept),
                 "task.filter_overlong_prompts",
                 True,
-                f"false, or a model with a longer context: every {split} prompt is longer than the {room} tokens that "
-                "leave room for rollout.max_new_tokens",
+                f"false, or room for longer prompts: every {split} prompt is longer than the {room} tokens that "
+                "task.max_prompt_length and the model's context with rollout.max_new_tokens after them allow",
             )
             dropped.append(len(problems) - len(kept))
             problems[:] = kept

@@ -143,12 +143,13 @@ def _checked_template_kwargs(tokenizer: Any, task: ReasoningTaskConfig) -> dict[
 def check_prompt_lengths(
     task: ReasoningTaskConfig, source: PromptSource, tokenizer: Any, context: int, max_new_tokens: int, model: str
 ) -> None:
-    """Refuse a task with prompts that, as the model is asked them (`encode_prompts`), leave no room for
-    `max_new_tokens` in the model's `context`: the generation engines refuse such a batch (`check_lengths`), which
-    would stop the run in a worker, mid-run. Checked: the held-out set, and every training problem of a source that
-    holds a known number of them (`num_train`: a data file's records); a source that makes its problems on the fly
-    (arithmetic) draws its held-out set from the same distribution as its training batches. The error names
-    rollout.max_new_tokens when a smaller one would fit every prompt, else the data."""
+    """Refuse a task with prompts that, as the model is asked them (`encode_prompts`), are longer than
+    task.max_prompt_length, or leave no room for `max_new_tokens` in the model's `context`: the generation engines
+    refuse such a batch (`check_lengths`), which would stop the run in a worker, mid-run. Checked: the held-out set,
+    and every training problem of a source that holds a known number of them (`num_train`: a data file's records); a
+    source that makes its problems on the fly (arithmetic) draws its held-out set from the same distribution as its
+    training batches. The error names rollout.max_new_tokens when a smaller one would fit every prompt, else the
+    data."""
     splits = {"eval": source.eval_set()}
     if isinstance(getattr(source, "num_train", None), int):
         splits["train"] = source.train_batch(0, source.num_train)  # epoch 0: each training problem once
@@ -157,6 +158,16 @@ def check_prompt_lengths(
     }
     longest, split, index = max((n, split, i) for split, ns in lengths.items() for i, n in enumerate(ns))
     prompt = splits[split][index].prompt[:40]
+    limit = getattr(task, "max_prompt_length", None)
+    if limit is not None and longest > limit:
+        over = sum(n > limit for n in lengths[split])
+        key, value = task.origin(split)
+        raise ConfigError(
+            f"task.max_prompt_length = {limit} is invalid with {key} = {value!r}: {over} of "
+            f"its {len(splits[split])} {split} prompts {'is' if over == 1 else 'are'} longer; the longest has "
+            f"{longest} tokens ({prompt!r}) (valid: {longest} or more, or task.filter_overlong_prompts=true to "
+            "leave them out)"
+        )
     if longest + max_new_tokens <= context:
         return
     if longest < context:
