@@ -72,7 +72,8 @@ def _rollout_kl(batch: SequenceBatch, alg: ReasoningAlgorithmConfig) -> Tensor:
 def reward_kl(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, sum_over_ranks: SumOverRanks) -> tuple[float, int]:
     """The step's KL in the reward, as the adaptive controller reads it: each response's mean per-token KL of the
     rollout policy to the reference, averaged over the step's responses (every rank's with `sum_over_ranks`); and
-    how many responses that is. Summed in float64: the same number on any count of ranks."""
+    how many responses that is. Summed in float64, so that rank counts, which add in other orders, differ far below
+    what the float32 rewards resolve."""
     mask = batch.response_mask.cpu().double()
     lengths = mask.sum(-1)
     answered = lengths > 0
