@@ -20,6 +20,7 @@ from rlplace.planner.memory import TransformerShape, Usage, device_peaks, over_c
 from rlplace.reasoning.launch import check_built_model_memory
 from rlplace.reasoning.memory import predict_memory
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm
+from rlplace.reasoning.tasks import make_prompt_source
 
 SMALL = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2}
 
@@ -103,9 +104,11 @@ def test_a_model_built_here_is_checked_once_built_before_any_worker_starts(model
     args = ["experiment=arithmetic_grpo", "cluster.device_memory_gb=0.001"]
     cfg, placement = _plan(args)
     assert cfg.model.path is None and predict_memory(cfg, placement) is None
+    source = make_prompt_source(cfg.task)
     with pytest.raises(ConfigError, match=r"^cluster.device_memory_gb = 0.001: device 0 needs .* GB over"):
-        check_built_model_memory(cfg, model_path, placement)
-    check_built_model_memory(replace(cfg, cluster=replace(cfg.cluster, device_memory_gb=1.0)), model_path, placement)
+        check_built_model_memory(cfg, model_path, placement, source)
+    roomy = replace(cfg, cluster=replace(cfg.cluster, device_memory_gb=1.0))
+    check_built_model_memory(roomy, model_path, placement, source)
 
 
 def test_a_profile_that_measured_its_peaks_scales_the_prediction(model_path, tmp_path):

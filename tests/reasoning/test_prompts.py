@@ -457,10 +457,11 @@ def test_overlong_prompts_are_left_out_when_the_task_filters_them(
     data += ["task.eval_size=2", "task.data_seed=1", "task.filter_overlong_prompts=true"]  # 8 new tokens: 120 fit
     plan = resolve(compose_run(data))
     with caplog.at_level(logging.INFO):
-        check_prompts_fit(plan.cfg, model_path)
+        kept = check_prompts_fit(plan.cfg, model_path)  # the problems the run draws, which its memory is checked on
     assert (
         "task.filter_overlong_prompts: 2 training and 0 held-out prompts are longer than the 120 tokens" in caplog.text
     )
+    assert kept.num_train == 3
     source = make_prompt_source(plan.cfg.task)
     assert drop_overlong(source, plan.cfg.task, load_tokenizer(model_path), 128, 8) == (2, 0)
     assert source.num_train == 3 and all(len(p.prompt) < 20 for p in source.train_batch(0, 6))

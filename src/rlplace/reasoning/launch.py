@@ -25,7 +25,7 @@ from rlplace.reasoning.pretrain import pretrained_model_path
 from rlplace.reasoning.rewards import check_remote_reward
 from rlplace.reasoning.runner import ReasoningRunner
 from rlplace.reasoning.tasks import drop_overlong, make_prompt_source, prompt_room
-from rlplace.reasoning.tasks.prompts import check_prompt_lengths
+from rlplace.reasoning.tasks.prompts import PromptSource, check_prompt_lengths
 from rlplace.reasoning.workers import InferenceWorker, LLMActorWorker, LLMRolloutWorker, RewardWorker
 from rlplace.scheduler import Cluster, StartingGroup, wait_started
 
@@ -69,9 +69,9 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
     """
     check_remote_reward(cfg.reward_name)  # before a pretraining, which scores with it
     model_path = pretrained_model_path(cfg)
-    check_prompts_fit(cfg, model_path)
+    source = check_prompts_fit(cfg, model_path)
     placement = HybridComponentPlacement(cfg, cluster)
-    check_built_model_memory(cfg, model_path, placement)
+    check_built_model_memory(cfg, model_path, placement, source)
 
     def start_group(worker: type, name: str, *args: object) -> StartingGroup:
         return worker.create_group(cfg, str(model_path), *args).start(
@@ -89,18 +89,21 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
     )
 
 
-def check_built_model_memory(cfg: ReasoningConfig, model_path: Path, placement: ComponentPlacement) -> None:
+def check_built_model_memory(
+    cfg: ReasoningConfig, model_path: Path, placement: ComponentPlacement, source: PromptSource
+) -> None:
     """A model built here (no model.path) has a shape only once it is built: its predicted device memory is checked
-    against cluster.device_memory_gb then, before any worker starts (a model.path's was checked with the config)."""
+    against cluster.device_memory_gb then, before any worker starts (a model.path's was checked with the config);
+    `source`: the task's problems as the run will draw them (`check_prompts_fit`'s)."""
     if cfg.model.path is None and cfg.cluster.device_memory_gb is not None:
-        built = replace(cfg, model=replace(cfg.model, path=str(model_path)))
-        check_memory(built, placement, make_prompt_source(cfg.task))
+        check_memory(replace(cfg, model=replace(cfg.model, path=str(model_path))), placement, source)
 
 
-def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> None:
+def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> PromptSource:
     """Refuse, before any worker starts, prompts too long for the model's context (`max_position_embeddings`, the
     engines' limit) with rollout.max_new_tokens on top (`check_prompt_lengths`); or, with
-    task.filter_overlong_prompts, say how many of them the run leaves out (`drop_overlong`)."""
+    task.filter_overlong_prompts, say how many of them the run leaves out (`drop_overlong`). Returns the task's
+    problems, those left out removed."""
     context = AutoConfig.from_pretrained(model_path).max_position_embeddings
     tokenizer = load_tokenizer(model_path)
     source = make_prompt_source(cfg.task)
@@ -114,6 +117,7 @@ def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> None:
             f"longer than the {room} tokens a prompt may have (the model's context of {context} tokens less "
             f"rollout.max_new_tokens = {cfg.rollout.max_new_tokens}, task.max_prompt_length at most) and are left out"
         )
+    return source
 
 
 def runner(cfg: ReasoningConfig, starting: StartingRun, context: RunContext) -> ReasoningRunner:
