@@ -48,7 +48,8 @@ TIMELINE_FILE = "timeline.json"
 
 
 class PhaseSwitcher:
-    """Applies a switch plan to the run's worker groups, timing it as the step's `offload`/`onload` phases."""
+    """Applies a switch plan to the run's worker groups, timing it as the step's `offload`/`onload` phases. A run may
+    start only some of its family's components (a reasoning run that only evaluates): the plan is of those."""
 
     def __init__(
         self,
@@ -59,7 +60,8 @@ class PhaseSwitcher:
         timer: PhaseTimer,
     ) -> None:
         devices = {name: frozenset(placement.devices_of(name)) for name in groups}
-        self.plan = switch_plan(phases, devices, offloadable)
+        started = [(phase, frozenset(c for c in working if c in groups)) for phase, working in phases]
+        self.plan = switch_plan(started, devices, offloadable)
         self.groups, self.timer = groups, timer
 
     def before(self, phase: str) -> None:

@@ -50,8 +50,9 @@ class StartingRun(NamedTuple):
     model_path: Path
     placement: HybridComponentPlacement
     actor: StartingGroup
-    inference: StartingGroup
-    reward: StartingGroup
+    inference: StartingGroup | None
+    """None with runner.val_only, as `reward`: an evaluation generates and scores on the rollout ranks alone."""
+    reward: StartingGroup | None
     rollout: StartingGroup
     device_cores: dict[int, list[int]]
     """Each device's CPU cores (`Cluster.cores_by_device`), for profile.json."""
@@ -79,10 +80,12 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
         )
 
     actor = start_group(LLMActorWorker, "actor")
-    inference = start_group(InferenceWorker, "inference", placement.get_world_size("actor"))
-    reward = start_group(RewardWorker, "reward", placement.get_world_size("inference"))
+    inference = reward = None
+    if not cfg.runner.val_only:  # an evaluation uses neither: nothing to score log-probs of, the rollout verifies
+        inference = start_group(InferenceWorker, "inference", placement.get_world_size("actor"))
+        reward = start_group(RewardWorker, "reward", placement.get_world_size("inference"))
     if BACKENDS[cfg.rollout.backend].starts_last_on_gpu and cluster.device_type == "gpu":
-        wait_started(actor, inference, reward)
+        wait_started(*(group for group in (actor, inference, reward) if group is not None))
     rollout = start_group(LLMRolloutWorker, "rollout", placement.get_world_size("reward"))
     return StartingRun(
         model_path, placement, actor, inference, reward, rollout, cluster.cores_by_device(), cluster.cores_by_node()
@@ -122,15 +125,15 @@ def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> PromptSource:
 
 def runner(cfg: ReasoningConfig, starting: StartingRun, context: RunContext) -> ReasoningRunner:
     """Wait for the groups, and build the loop that drives them."""
-    actor, inference, reward, rollout = wait_started(
-        starting.actor, starting.inference, starting.reward, starting.rollout
-    )
+    names = ("actor", "inference", "reward", "rollout")
+    started = {name: getattr(starting, name) for name in names if getattr(starting, name) is not None}
+    groups = dict(zip(started, wait_started(*started.values()), strict=True))
     return ReasoningRunner(
         cfg,
-        actor=actor,
-        rollout=rollout,
-        reward=reward,
-        inference=inference,
+        actor=groups["actor"],
+        rollout=groups["rollout"],
+        reward=groups.get("reward"),
+        inference=groups.get("inference"),
         placement=starting.placement,
         identity=checkpoint_identity(cfg, starting.model_path),
         context=context,

@@ -76,8 +76,8 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         *,
         actor: WorkerGroup,
         rollout: WorkerGroup,
-        reward: WorkerGroup,
-        inference: WorkerGroup,
+        reward: WorkerGroup | None,
+        inference: WorkerGroup | None,
         placement: ComponentPlacement,
         identity: dict[str, Any],
         context: RunContext,
@@ -85,11 +85,16 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         node_cores: dict[int, list[int]],
     ) -> None:
         """`device_cores` (device -> its CPU cores) and `node_cores` (node -> its cores) go into profile.json with
-        runner.profile=true (`reasoning.profile`)."""
-        groups = {"actor": actor, "rollout": rollout, "reward": reward, "inference": inference}
+        runner.profile=true (`reasoning.profile`). `reward` and `inference` are None in a run that only evaluates
+        (runner.val_only)."""
+        stages = {"actor": actor, "rollout": rollout, "reward": reward, "inference": inference}
+        groups = {name: group for name, group in stages.items() if group is not None}
         super().__init__(cfg, groups, PHASES, cfg.offloadable, placement, identity, context)
         self.cfg: ReasoningConfig = cfg
-        self.actor, self.rollout, self.reward, self.inference = actor, rollout, reward, inference
+        self.actor, self.rollout = actor, rollout
+        self.reward, self.inference = reward, inference
+        self.receivers = tuple(name for name in ("rollout", "inference") if name in groups)
+        """The groups that generate or score with the actor's weights: each weight sync reaches them."""
         self.num_micro_batches = cfg.task.prompts_per_step // cfg.rollout.micro_batch_prompts
         self.pipelined = self.placement.mode != "collocated"
         """Stages on separate devices run at once; collocated stages take turns."""
@@ -114,17 +119,20 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
         return TrainingProgress(self.cfg.runner.max_steps, fields=PROGRESS_FIELDS, every=every)
 
     def sync_weights(self) -> None:
-        versions, *_ = wait_all(self.actor.sync_weights(), self.rollout.sync_weights(), self.inference.sync_weights())
+        receiving = (self.groups[name].sync_weights() for name in self.receivers)
+        versions, *_ = wait_all(self.actor.sync_weights(self.receivers), *receiving)
         self.version = versions[0]
 
     def _stages(self, step: int, channels: Channels) -> list[Callable[[], GroupFuture]]:
         """The calls that generate, score and pass on the micro-batches of `step` with weights `self.version`, in
         pipeline order."""
         m, c = self.num_micro_batches, channels
+        assert self.reward is not None and self.inference is not None, "a run that trains starts every stage"
+        reward, inference = self.reward, self.inference
         return [
             lambda: self.rollout.generate(step, self.version, c.generated),
-            lambda: self.reward.compute_rewards(m, c.generated, c.scored),
-            lambda: self.inference.compute_logprobs(m, c.scored, c.ready),
+            lambda: reward.compute_rewards(m, c.generated, c.scored),
+            lambda: inference.compute_logprobs(m, c.scored, c.ready),
             lambda: self.actor.recv_batch(m, c.ready),
         ]
 

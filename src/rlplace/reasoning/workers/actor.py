@@ -106,10 +106,11 @@ class LLMActorWorker(Worker):
         return self.strategy.wrap(model.train())
 
     @timer("sync_weights")
-    def sync_weights(self) -> int:
-        """Rank 0 broadcasts the policy's weights and version to every rollout and inference rank, in buckets (each
-        gathered from every rank's shards when they are sharded)."""
-        for group in ("rollout", "inference"):
+    def sync_weights(self, receivers: tuple[str, ...]) -> int:
+        """Rank 0 broadcasts the policy's weights and version to every rank of the `receivers` groups (rollout and
+        inference; the rollout alone in a run that only evaluates), in buckets (each gathered from every rank's
+        shards when they are sharded)."""
+        for group in receivers:
             broadcast_weights(
                 self, self.policy, self.version, dst_group=group, bucket_mb=self.cfg.weight_sync.bucket_mb
             )
