@@ -122,6 +122,13 @@ def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
     assert row == {"step": 2, **{key: value for key, value in last.items() if key.startswith("eval/")}}
     assert f"evaluated: held-out accuracy {last['eval/accuracy']:.3f}, best@2 {last['eval/best@2']:.3f}" in done.stdout
     assert not (evaluated / "final_model").exists() and not (evaluated / "checkpoints").exists()
-    # Only the actor (which loads the checkpoint) and the rollout (which answers and verifies) were started.
+    # Only the actor (which loads the checkpoint) and the rollout (which answers and verifies) were started; the
+    # timeline holds the evaluation's spans.
     events = json.loads((evaluated / "timeline.json").read_text())["traceEvents"]
-    assert [e["args"]["name"] for e in events if e["name"] == "process_name"] == ["device 0: actor, rollout"]
+    assert [e["args"]["name"] for e in events if e["name"] == "process_name"] == [
+        "device 0: actor, rollout",
+        "host: driver",
+    ]
+    spans = {(e["args"]["group"], e["name"]) for e in events if e["ph"] == "X"}
+    assert {("actor", "sync_weights"), ("rollout", "evaluate")} <= spans
+    assert {group for group, _ in spans} == {"driver", "actor", "rollout"}

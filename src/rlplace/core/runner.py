@@ -237,13 +237,19 @@ class Runner(ABC, Generic[C, G, A, T]):
                 ):
                     self.save_checkpoint(step + 1)
                 if switch:
-                    self.timeline.write(self.run_dir / TIMELINE_FILE)
+                    self.close_timeline()
                     return None
                 if done:
                     break
         seconds = time.perf_counter() - self.loop_start
-        self.timeline.write(self.run_dir / TIMELINE_FILE)
+        self.close_timeline()
         return self.finish(metrics, seconds)
+
+    def close_timeline(self) -> None:
+        """Write the timeline with what was timed after the last step's record (its evaluation and checkpoint),
+        which a step collects only at its end."""
+        collect_spans(self.timer, self.timeline, self.groups.values())
+        self.timeline.write(self.run_dir / TIMELINE_FILE)
 
     def carry(self) -> Carried:
         """For the runner of the run's next placement (after `run` stopped for a re-placement)."""

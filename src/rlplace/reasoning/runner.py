@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 from rlplace.core import preemption
 from rlplace.core.launcher import RunContext
-from rlplace.core.runner import TIMELINE_FILE, Runner, open_channels
+from rlplace.core.runner import Runner, open_channels
 from rlplace.metrics import TrainingProgress, throughput_metrics
 from rlplace.placement import ComponentPlacement
 from rlplace.planner import PROFILE_FILE
@@ -211,7 +211,7 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
             return super().run(moves)
         metrics = self.evaluate(self.start_step)
         self.logger.log(metrics, self.start_step)
-        self.timeline.write(self.run_dir / TIMELINE_FILE)
+        self.close_timeline()
         return metrics
 
     def before_run(self) -> None:
