@@ -125,8 +125,13 @@ def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> PromptSource:
 
 def runner(cfg: ReasoningConfig, starting: StartingRun, context: RunContext) -> ReasoningRunner:
     """Wait for the groups, and build the loop that drives them."""
-    names = ("actor", "inference", "reward", "rollout")
-    started = {name: getattr(starting, name) for name in names if getattr(starting, name) is not None}
+    named = {
+        "actor": starting.actor,
+        "inference": starting.inference,
+        "reward": starting.reward,
+        "rollout": starting.rollout,
+    }
+    started = {name: group for name, group in named.items() if group is not None}  # val_only: actor and rollout
     groups = dict(zip(started, wait_started(*started.values()), strict=True))
     return ReasoningRunner(
         cfg,
