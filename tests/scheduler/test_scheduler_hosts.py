@@ -61,24 +61,41 @@ def test_a_re_placed_run_starts_its_ranks_in_the_old_ranks_processes(cluster: Cl
     before = [pid for pid, *_ in old.where().wait()]
     assert old.mean_rank().wait() == [1.0] * 3  # the old ranks hold a process group
 
-    cluster.replace(on_devices((1,), (0,), (0,)))  # device 1 keeps one of its processes, device 0 needs one more
-    new = Rank.create_group().start(cluster, name="new", placement_strategy=on_devices((1,), (0,), (0,)))
-    new.init.wait(timeout=60)  # the shares the kept processes hold leave room for the new one
-    after = new.group.where().wait()
+    # Device 1 wants one of its two processes, device 0 one more than its own: device 1's spare one, re-pinned.
+    cluster.replace(on_devices((1,), (0,), (0,)))
+    new = Rank.create_group().launch(cluster, name="new", placement_strategy=on_devices((1,), (0,), (0,)))
+    after = new.where().wait()
     pids = [pid for pid, *_ in after]
-    assert pids[0] in before[1:]  # device 1's rank took over one of device 1's processes
-    assert sorted(pid in before for pid in pids[1:]) == [False, True]  # device 0's: its one process, and a new one
-    assert before[0] in pids[1:]
+    assert sorted(pids) == sorted(before)  # no process started, none stopped
+    assert (
+        pids[0] in before[1:] and before[0] in pids[1:]
+    )  # device 1's rank in a device 1 process, device 0's in its own
     assert [(group, rank, cores) for _, group, rank, cores in after] == [
         ("new", 0, list(cluster.cores_of(0, 1))),
         ("new", 1, list(cluster.cores_of(0, 0))),
         ("new", 2, list(cluster.cores_of(0, 0))),
     ]
-    assert all(gone(pid) for pid in set(before[1:]) - {pids[0]})  # the process no rank took stopped
-    assert new.group.mean_rank().wait() == [1.0] * 3  # a process group of the new ranks, in the same processes
+    assert new.mean_rank().wait() == [1.0] * 3  # a process group of the new ranks, in the same processes
+
+    # Four ranks on device 0: the three processes are kept (two of them started in device 1's bundle) and one more
+    # starts, asking for what the shares kept in device 0's bundle leave.
+    cluster.replace(on_devices((0,), (0,), (0,), (0,)))
+    new = Rank.create_group().start(cluster, name="third", placement_strategy=on_devices((0,), (0,), (0,), (0,)))
+    new.init.wait(timeout=60)
+    third = new.group.where().wait()
+    assert sorted(pid in pids for pid, *_ in third) == [False, True, True, True]
+    assert all(cores == list(cluster.cores_of(0, 0)) for *_, cores in third)
+    assert new.group.mean_rank().wait() == [1.5] * 4
+
+    # One rank on device 1: it takes a process of device 1's bundle; the three that no rank takes stop.
+    cluster.replace(on_devices((1,)))
+    last = Rank.create_group().launch(cluster, name="last", placement_strategy=on_devices((1,)))
+    ((pid, *_),) = last.where().wait()
+    assert pid in before[1:]
+    assert all(gone(other) for other, *_ in third if other != pid)
 
     cluster.replace([])
-    assert all(gone(pid) for pid in pids)
+    assert gone(pid)
 
 
 def test_a_process_that_loaded_vllm_is_not_reused(cluster: Cluster) -> None:

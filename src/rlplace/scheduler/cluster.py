@@ -190,7 +190,7 @@ class Cluster:
         group and share the devices out anew, for `placements`, at the next launch. The reservation is the whole
         cluster's devices, whatever runs on them, so it is kept: no other run can take the devices between the old
         groups and the new, and the switch never waits for them. On nodes without GPUs the old workers' processes
-        are kept for the new ranks on their devices (`hosts.py`); the others stop. The rendezvous starts afresh, so
+        are kept for the new ranks on their nodes (`hosts.py`); the others stop. The rendezvous starts afresh, so
         the new groups' names are free. ClusterError if the new processes overload the nodes."""
         self._check_load(self._device_cores, Counter(p.node_rank for p in placements))
         self._wanted = Counter(self._first_device(p) for p in placements)

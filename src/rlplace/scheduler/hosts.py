@@ -4,8 +4,9 @@ Every rank runs inside a `Host`, a Ray actor that becomes one worker (`become`: 
 own `__init__`) and runs its calls (`call`). Starting a process and importing torch and the model classes is most of
 what launching a group costs, and almost all of what a switch of placement costs (`benchmarks/replace.py`), so at a
 switch (`Cluster.replace`) the hosts retire their workers instead of exiting, and the new groups' ranks become
-workers in them: a rank whose first device is a retired host's takes it over, re-pinned to its own cores. The next
-run of the same process takes over a finished run's hosts the same way (`parking.py`).
+workers in them: a rank takes over a retired host of its first device, or else a spare one (that no rank of its own
+device takes) of another device of its node, re-pinned to its own cores. The next run of the same process takes over
+a finished run's hosts the same way (`parking.py`).
 
 A host is kept only where that leaves nothing of the old worker behind. A retired worker gives back its
 torch.distributed process group (`Worker._leave`); a process that loaded vLLM is never reused (its engine keeps
@@ -128,17 +129,21 @@ class HostProcess:
 
 
 class IdleHosts:
-    """Retired hosts kept for the groups that start next (after a switch, or in the next run), by device."""
+    """Retired hosts kept for the groups that start next (after a switch, or in the next run), by the device whose
+    bundle they hold their share of."""
 
     def __init__(self) -> None:
         self._idle: dict[Device, list[HostProcess]] = defaultdict(list)
+        self._wanted: Counter[Device] = Counter()
+        """The next groups' processes by first device (`trim`), less those they took: a device's idle hosts past it
+        are spare, for ranks of its node's other devices (`take`)."""
 
     def __iter__(self) -> Iterator[HostProcess]:
         return (host for hosts in self._idle.values() for host in hosts)
 
     def keep(self, hosts: Sequence[HostProcess], wanted: Counter[Device] | None) -> None:
-        """Retire the workers of `hosts` and keep, per device, up to `wanted[device]` of those whose process can be
-        reused (None: all of them); stop the others, and those that do not retire within `RETIRE_TIMEOUT_S`."""
+        """Retire the workers of `hosts` and keep those whose process can be reused, as many as `wanted` can take
+        (`trim`; None: all of them); stop the others, and those that do not retire within `RETIRE_TIMEOUT_S`."""
         retiring = {host.actor.retire.remote(): host for host in hosts}
         ready = ray.wait(list(retiring), num_returns=len(retiring), timeout=RETIRE_TIMEOUT_S)[0] if retiring else []
         for ref in ready:
@@ -154,23 +159,43 @@ class IdleHosts:
             self.trim(wanted)
 
     def trim(self, wanted: Counter[Device]) -> None:
-        """Stop the idle hosts past `wanted[device]` on each device."""
+        """Keep as many idle hosts on each node as the next groups start there (`wanted`, processes by first
+        device), those of each device first, up to what it wants; stop the rest."""
+        self._wanted = Counter(wanted)
+        kept: dict[Device, list[HostProcess]] = defaultdict(list)
         surplus = []
-        for device, idle in self._idle.items():
-            surplus += idle[wanted[device] :]
-            del idle[wanted[device] :]
+        for node in {node for node, _ in self._idle}:
+            devices = [device for device in self._idle if device[0] == node]
+            spare = []
+            for device in devices:
+                kept[device] = self._idle[device][: wanted[device]]
+                spare += self._idle[device][wanted[device] :]
+            room = sum(count for (at, _), count in wanted.items() if at == node)
+            room -= sum(len(kept[device]) for device in devices)
+            for host in spare[:room]:
+                kept[host.device].append(host)
+            surplus += spare[room:]
+        self._idle = kept
         stop(surplus)
 
     def take(self, device: Device, name: str) -> HostProcess | None:
-        """An idle host on `device`, taken: one started for a worker of class `name` if there is one (Ray shows it
-        under that name); None when there is none."""
-        idle = self._idle.get(device)
-        if not idle:
+        """An idle host for a rank whose first device is `device`, taken: one of that device if there is one, else a
+        spare one of another device of its node (the rank pins the process to its own cores; the process keeps its
+        share of the other device's bundle, which the run holds all the same); of those, one started for a worker of
+        class `name` if there is one (Ray shows it under that name). None when there is none."""
+        spare = [other for other in self._idle if other[0] == device[0] and self._spare(other) > 0]
+        source = device if self._idle.get(device) else max(spare, key=self._spare, default=None)
+        if source is None:
             return None
+        idle = self._idle[source]
         same = [host for host in idle if host.name == name]
         host = (same or idle)[0]
         idle.remove(host)
+        self._wanted[device] -= 1
         return host
+
+    def _spare(self, device: Device) -> int:
+        return len(self._idle[device]) - self._wanted[device]
 
     def stop(self) -> None:
         """Stop every idle host."""
