@@ -78,15 +78,20 @@ def conf(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"hydra.searchpath=[file://{folder}]"
 
 
+ON_DEVICE_0 = ["placement=hybrid", *(f"cluster.component_placement.{c}=0" for c in ("env", "rollout", "actor"))]
+"""Every component on device 0 of the default 2, one process each: the shape of the runs of other modules on this
+process's Ray, whose processes the run takes over (`scheduler/parking.py`)."""
+REASONING_PARTS = ("rollout", "reward", "inference", "actor")
+
+
 def rows(run_dir: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
 def test_a_gymnasium_task_is_one_option_file(conf: str, shared_ray: None, tmp_path: Path) -> None:
-    one_device = ["placement=collocated", "cluster.num_devices_per_node=1"]  # one process per component
     tiny = ["rollout.num_steps=16", "runner.max_steps=2", "logger=jsonl"]
-    plan = resolve(compose_run([conf, "task=acrobot", *one_device, *tiny]))
+    plan = resolve(compose_run([conf, "task=acrobot", *ON_DEVICE_0, *tiny]))
     assert (plan.cfg.task.name, plan.cfg.task.env_id) == ("acrobot", "Acrobot-v1")
     train(plan, tmp_path, resolved_config={})
     history = rows(tmp_path)
@@ -105,8 +110,7 @@ def test_a_reasoning_task_with_its_own_reward_is_one_option_file(
     reward_model = build_reward_model(tmp_path_factory.mktemp("reward_model"))
     overrides = [conf, "experiment=arithmetic_grpo", "task=sums_any_form", "reward=graded", *TINY, "model=hf"]
     extra = [f"model.path={model}", f"reward.model_path={reward_model}", "reward.model_weight=0.5"]
-    # The preset's collocated placement on one device of one core: one process per component, not two.
-    extra += ["cluster.num_devices_per_node=1", "cluster.cpus_per_device=1"]
+    extra += ["placement=reasoning_disaggregated", *(f"cluster.component_placement.{c}=0" for c in REASONING_PARTS)]
     plan = resolve(compose_run([*overrides, *extra]))
     reward = plan.cfg.reward_function()
     assert reward("1+2=", "1+2 makes 3", "3", {}) == {"score": 1.0, "correct": 1.0, "length": 11.0}

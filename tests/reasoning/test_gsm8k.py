@@ -1,20 +1,21 @@
 """The GSM8K-format example a user copies: the shipped word problems, the tiny Qwen2 with its BPE tokenizer and chat
-template, and `experiment=gsm8k_grpo` trained for two steps as a user starts it."""
+template, and `experiment=gsm8k_grpo` trained for two steps as `rlplace-train` runs it."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import logging
 from pathlib import Path
 
 import pytest
 
+from rlplace.cli import compose_run
+from rlplace.families import resolve
 from rlplace.reasoning.models.tiny_qwen2 import build_tiny_qwen2
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import reward_function
 from rlplace.reasoning.tasks import word_problems
+from rlplace.train import train
 
 
 def test_the_shipped_word_problems_are_what_their_generator_writes(tmp_path: Path) -> None:
@@ -59,11 +60,17 @@ def _sharded(folder: Path, split: str, suffixes: tuple[str, ...], count: int | N
 
 
 @pytest.mark.slow
-def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
+def test_the_gsm8k_example_trains(
+    shared_ray: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """On the shipped problems in shards as a user's data comes: the training split as a glob pattern of JSONL
     shards and a Parquet file, the held-out split as a list of two files from two sources, answered twice each after
     training only, and records too long for the model among the training ones, left out. Then its last checkpoint
-    evaluated alone (runner.val_only) answers as the run's last evaluation did."""
+    evaluated alone (runner.val_only) answers as the run's last evaluation did.
+
+    Both runs train in this process (what `rlplace-train` does once it has resolved the config) on the module's Ray,
+    the evaluation in processes of the training run (`scheduler/parking.py`); the command itself is exercised by
+    the runs of tests/reasoning/test_runner.py and tests/test_wheel.py."""
     data = tmp_path / "data"
     _sharded(data, "train", (".jsonl", ".jsonl", ".parquet"))
     evals = _sharded(data, "test", (".jsonl", ".jsonl"), count=8)
@@ -74,6 +81,7 @@ def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
         "".join(json.dumps({"question": q, "answer": "#### 1"}) + "\n" for q in long)
     )
     tiny = [  # a short pretraining (2 steps of 16), small batches, and 8 held-out problems answered twice each
+        "experiment=gsm8k_grpo",
         "model.pretrain.max_steps=2",
         "model.pretrain.eval_interval=2",
         "model.pretrain.batch_size=16",
@@ -88,47 +96,56 @@ def test_the_gsm8k_example_trains(tmp_path: Path) -> None:
         "algorithm.group_size=4",
         "runner.max_steps=2",
         "logger=jsonl",
-        # One device of one core, every component on it taking turns: the preset's collocated placement with one
-        # process per component instead of two (each imports torch and loads the model).
-        "cluster.num_devices_per_node=1",
-        "cluster.cpus_per_device=1",
+        # Every component on device 0 of 2, taking turns: the preset's collocated placement with one process per
+        # component instead of two (each imports torch and loads the model).
+        "placement=reasoning_disaggregated",
+        *(f"cluster.component_placement.{name}=0" for name in ("rollout", "reward", "inference", "actor")),
     ]
+    monkeypatch.setenv("RLPLACE_OUTPUT_DIR", str(tmp_path))  # the pretrained model's cache
+    caplog.set_level(logging.INFO)
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "rlplace.train", "experiment=gsm8k_grpo", *tiny, f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "RLPLACE_OUTPUT_DIR": str(tmp_path)}  # the pretrained model's cache, too
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert f"{len(long)} training and 0 held-out prompts are longer than the 464 tokens" in done.stdout
+    rows, line = _trained(run_dir, tiny)
+    assert f"{len(long)} training and 0 held-out prompts are longer than the 464 tokens" in caplog.text
     assert [row["step"] for row in rows] == [0, 1]
     for key in ("reward/score", "reward/correct", "reward/format", "train/policy_loss", "rollout/response_length"):
         assert key in rows[0], key
-    last = rows[-1]  # evaluated after the last step; two sources of 4 problems: the mean is the mean of their means
+    # Evaluated after the last step; two sources of 4 problems: the mean is the mean of their means.
+    last = rows[-1]
     sources = [last["eval/accuracy/test0"], last["eval/accuracy/test1"]]
     assert last["eval/accuracy"] == pytest.approx(sum(sources) / 2)
     assert last["eval/accuracy"] <= last["eval/best@2"] <= 1
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "eval/accuracy_before" not in summary and summary["eval/accuracy_after"] == last["eval/accuracy"]
-    assert f"held-out accuracy {last['eval/accuracy']:.3f} after 2 steps" in done.stdout
+    assert f"held-out accuracy {last['eval/accuracy']:.3f} after 2 steps" in line
     assert load_tokenizer(run_dir / "final_model").chat_template is not None
     assert next((tmp_path / "pretrained").glob("tiny_qwen2-dataset-*/pretrain.json"))
 
     checkpoint = run_dir / "checkpoints" / "step_000002"
     evaluated = tmp_path / "evaluated"
-    command = [*command[:-1], "runner.val_only=true", f"runner.resume={checkpoint}", f"hydra.run.dir={evaluated}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (row,) = [json.loads(line) for line in (evaluated / "metrics.jsonl").read_text().splitlines()]
+    (row,), line = _trained(evaluated, [*tiny, "runner.val_only=true", f"runner.resume={checkpoint}"])
     assert row == {"step": 2, **{key: value for key, value in last.items() if key.startswith("eval/")}}
-    assert f"evaluated: held-out accuracy {last['eval/accuracy']:.3f}, best@2 {last['eval/best@2']:.3f}" in done.stdout
+    assert line.startswith(
+        f"rlplace: evaluated: held-out accuracy {last['eval/accuracy']:.3f}, best@2 {last['eval/best@2']:.3f}"
+    )
     assert not (evaluated / "final_model").exists() and not (evaluated / "checkpoints").exists()
     # Only the actor (which loads the checkpoint) and the rollout (which answers and verifies) were started; the
     # timeline holds the evaluation's spans.
     events = json.loads((evaluated / "timeline.json").read_text())["traceEvents"]
     assert [e["args"]["name"] for e in events if e["name"] == "process_name"] == [
-        "device 0: actor, rollout",
+        "device 0: rollout, actor",
+        "device 1: idle",
         "host: driver",
     ]
     spans = {(e["args"]["group"], e["name"]) for e in events if e["ph"] == "X"}
     assert {("actor", "sync_weights"), ("rollout", "evaluate")} <= spans
     assert {group for group, _ in spans} == {"driver", "actor", "rollout"}
+
+
+def _trained(run_dir: Path, overrides: list[str]) -> tuple[list[dict[str, float]], str]:
+    """The run of `overrides` trained in this process: its metrics.jsonl rows and its closing line (what
+    `rlplace-train` prints last)."""
+    plan = resolve(compose_run(overrides))
+    run_dir.mkdir()
+    final, ended = train(plan, run_dir, resolved_config={})
+    line, _ = plan.launcher.summary(plan.cfg, ended.placement.mode, final, run_dir)
+    return [json.loads(row) for row in (run_dir / "metrics.jsonl").read_text().splitlines()], line
