@@ -430,7 +430,20 @@ def _config_store() -> Any:
 
 def register_schema(group: str, name: str, node: type) -> None:
     """Store a family's base dataclass for option files of `group` to start from (`/schema/<group>/<name>`)."""
-    _config_store().store(group=f"schema/{group}", name=name, node=node)
+    _store(node, name, group=f"schema/{group}")
+
+
+def _store(node: type, name: str, group: str | None = None) -> None:
+    """Store a dataclass in Hydra's ConfigStore under `group`/`name`, unless that very dataclass is there already:
+    storing converts it to an OmegaConf node, which every composition (`register` runs before each) would otherwise
+    pay for again."""
+    store = _config_store()
+    stored = store.repo
+    for part in group.split("/") if group else ():
+        stored = stored.get(part, {})
+    existing = stored.get(f"{name}.yaml")
+    if existing is None or OmegaConf.get_type(existing.node) is not node:
+        store.store(group=group, name=name, node=node)
 
 
 def packaged_data(relative: str) -> str:
@@ -442,7 +455,7 @@ def packaged_data(relative: str) -> str:
 def register() -> None:
     """Register the primary schema and the `devices` and `packaged_data` resolvers with Hydra and OmegaConf
     (idempotent)."""
-    _config_store().store(name="train_schema", node=TrainSchema)
+    _store(TrainSchema, "train_schema")
     for name, resolver in (("devices", devices_resolver), ("packaged_data", packaged_data)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
