@@ -19,6 +19,7 @@ from rlplace.core.errors import ConfigError
 from rlplace.families import resolve
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm
 from rlplace.train import train
+from tests.reasoning.runs import ON_DEVICE_0 as REASONING_ON_DEVICE_0
 from tests.reasoning.runs import TINY
 from tests.reasoning.tiny_reward_model import build_reward_model
 
@@ -80,8 +81,8 @@ def conf(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 ON_DEVICE_0 = ["placement=hybrid", *(f"cluster.component_placement.{c}=0" for c in ("env", "rollout", "actor"))]
 """Every component on device 0 of the default 2, one process each: the shape of the runs of other modules on this
-process's Ray, whose processes the run takes over (`scheduler/parking.py`)."""
-REASONING_PARTS = ("rollout", "reward", "inference", "actor")
+process's Ray, whose processes the run takes over (`scheduler/parking.py`); `reasoning.runs.ON_DEVICE_0` for a
+reasoning run."""
 
 
 def rows(run_dir: Path) -> list[dict[str, float]]:
@@ -110,7 +111,7 @@ def test_a_reasoning_task_with_its_own_reward_is_one_option_file(
     reward_model = build_reward_model(tmp_path_factory.mktemp("reward_model"))
     overrides = [conf, "experiment=arithmetic_grpo", "task=sums_any_form", "reward=graded", *TINY, "model=hf"]
     extra = [f"model.path={model}", f"reward.model_path={reward_model}", "reward.model_weight=0.5"]
-    extra += ["placement=reasoning_disaggregated", *(f"cluster.component_placement.{c}=0" for c in REASONING_PARTS)]
+    extra += REASONING_ON_DEVICE_0  # the preset's collocated placement with one process per component, not two
     plan = resolve(compose_run([*overrides, *extra]))
     reward = plan.cfg.reward_function()
     assert reward("1+2=", "1+2 makes 3", "3", {}) == {"score": 1.0, "correct": 1.0, "length": 11.0}

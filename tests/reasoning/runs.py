@@ -36,6 +36,13 @@ TINY = [
     "logger=jsonl",
 ]
 
+ON_DEVICE_0 = [
+    "placement=reasoning_disaggregated",
+    *(f"cluster.component_placement.{name}=0" for name in ("rollout", "reward", "inference", "actor")),
+]
+"""Every component on device 0 of the default 2, one process each, taking turns: the collocated shape of the reasoning
+runs trained in a pytest process, each taking over the processes of the run before it (`scheduler/parking.py`)."""
+
 TIMEOUT_S = 300
 
 

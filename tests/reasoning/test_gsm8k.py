@@ -16,6 +16,7 @@ from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import reward_function
 from rlplace.reasoning.tasks import word_problems
 from rlplace.train import train
+from tests.reasoning.runs import ON_DEVICE_0
 
 
 def test_the_shipped_word_problems_are_what_their_generator_writes(tmp_path: Path) -> None:
@@ -96,10 +97,9 @@ def test_the_gsm8k_example_trains(
         "algorithm.group_size=4",
         "runner.max_steps=2",
         "logger=jsonl",
-        # Every component on device 0 of 2, taking turns: the preset's collocated placement with one process per
-        # component instead of two (each imports torch and loads the model).
-        "placement=reasoning_disaggregated",
-        *(f"cluster.component_placement.{name}=0" for name in ("rollout", "reward", "inference", "actor")),
+        # The preset's collocated placement with one process per component instead of two (each imports torch and
+        # loads the model).
+        *ON_DEVICE_0,
     ]
     monkeypatch.setenv("RLPLACE_OUTPUT_DIR", str(tmp_path))  # the pretrained model's cache
     caplog.set_level(logging.INFO)

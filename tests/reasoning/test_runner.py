@@ -47,7 +47,7 @@ from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.replace import switches
 from rlplace.train import train
 from tests import TEST_PRESETS
-from tests.reasoning.runs import TINY, command, compared, metrics, same, start, trained
+from tests.reasoning.runs import ON_DEVICE_0, TINY, command, compared, metrics, same, start, trained
 
 VLLM = importlib.util.find_spec("vllm") is not None
 ASYNC_PPO = [
@@ -68,8 +68,7 @@ RUNS = {
     "collocated": [
         *ASYNC_PPO,
         "runner.save_interval=1",
-        "placement=reasoning_disaggregated",
-        *(f"cluster.component_placement.{name}=0" for name in ("rollout", "reward", "inference", "actor")),
+        *ON_DEVICE_0,
         "actor.enable_offload=true",
         "rollout.enable_offload=true",
     ],

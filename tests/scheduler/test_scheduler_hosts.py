@@ -67,9 +67,8 @@ def test_a_re_placed_run_starts_its_ranks_in_the_old_ranks_processes(cluster: Cl
     after = new.where().wait()
     pids = [pid for pid, *_ in after]
     assert sorted(pids) == sorted(before)  # no process started, none stopped
-    assert (
-        pids[0] in before[1:] and before[0] in pids[1:]
-    )  # device 1's rank in a device 1 process, device 0's in its own
+    # Device 1's rank in a process of device 1, device 0's in its own and in device 1's spare one.
+    assert pids[0] in before[1:] and before[0] in pids[1:]
     assert [(group, rank, cores) for _, group, rank, cores in after] == [
         ("new", 0, list(cluster.cores_of(0, 1))),
         ("new", 1, list(cluster.cores_of(0, 0))),
