@@ -25,7 +25,7 @@ tests/scheduler/test_scheduler_imports.py):
   (`RankCall`) that settle with a result or a `WorkerError` naming group, rank and method, and `RayCalls`.
 - `future`: `GroupFuture` and `wait_all`, which wait through those handles whatever transport sent them.
 - `hosts`: the process each rank runs in, which becomes its worker; a re-placed run's new ranks take over the old
-  ranks' processes on their devices instead of starting new ones.
+  ranks' processes on their nodes instead of starting new ones.
 - `parking`: a finished run's reservation and processes, handed on to the next run of the same process and shape.
 - `mailbox`, `channel`: the data plane: each process's mailbox and the keyed queues between groups.
 - `serving`: `serve` and `ServedCalls`, the transport through the mailboxes, for loops where a Ray call per step
