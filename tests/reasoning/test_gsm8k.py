@@ -16,7 +16,7 @@ from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import reward_function
 from rlplace.reasoning.tasks import word_problems
 from rlplace.train import train
-from tests.reasoning.runs import ON_DEVICE_0
+from tests.reasoning.runs import ON_DEVICE_0, metrics
 
 
 def test_the_shipped_word_problems_are_what_their_generator_writes(tmp_path: Path) -> None:
@@ -148,4 +148,4 @@ def _trained(run_dir: Path, overrides: list[str]) -> tuple[list[dict[str, float]
     run_dir.mkdir()
     final, ended = train(plan, run_dir, resolved_config={})
     line, _ = plan.launcher.summary(plan.cfg, ended.placement.mode, final, run_dir)
-    return [json.loads(row) for row in (run_dir / "metrics.jsonl").read_text().splitlines()], line
+    return metrics(run_dir), line

@@ -183,8 +183,7 @@ class IdleHosts:
         spare one of another device of its node (the rank pins the process to its own cores; the process keeps its
         share of the other device's bundle, which the run holds all the same); of those, one started for a worker of
         class `name` if there is one (Ray shows it under that name). None when there is none."""
-        spare = [other for other in self._idle if other[0] == device[0] and self._spare(other) > 0]
-        source = device if self._idle.get(device) else max(spare, key=self._spare, default=None)
+        source = device if self._idle.get(device) else max(self._spares(device[0]), key=self._spare, default=None)
         if source is None:
             return None
         idle = self._idle[source]
@@ -196,6 +195,10 @@ class IdleHosts:
 
     def _spare(self, device: Device) -> int:
         return len(self._idle[device]) - self._wanted[device]
+
+    def _spares(self, node: int) -> list[Device]:
+        """The devices of `node` with idle hosts that their own next ranks leave over."""
+        return [device for device in self._idle if device[0] == node and self._spare(device) > 0]
 
     def stop(self) -> None:
         """Stop every idle host."""
