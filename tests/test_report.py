@@ -32,6 +32,7 @@ from rlplace.report.write import recommendation
 from rlplace.train import RUN_INFO
 from tests.planner.synthetic import profile_data, write_profile
 from tests.ray_temp import remove_sessions
+from tests.train_here import train_here
 from tests.wandb_records import final_summary, record_kinds
 
 TINY = [
@@ -179,47 +180,46 @@ def metrics(job_dir: Path) -> list[dict[str, float]]:
 
 
 @pytest.fixture(scope="module")
-def multiruns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Path, subprocess.Popen[str]]]]:
-    """Both multiruns of this module, started together: on a small machine much of a run is waiting (Ray and workers
-    starting), which the other run fills. The basic launcher's sweep feeds the report; its hybrid job is what the Ray
-    launcher's single job, disaggregated on 4 devices, must reproduce."""
-    basic_dir, ray_dir = tmp_path_factory.mktemp("basic"), tmp_path_factory.mktemp("ray")
-    profile = write_profile(tmp_path_factory.mktemp("profile") / "run")  # the report predicts each job from it
-    runs = {
-        "basic": (
-            basic_dir,
-            start_multirun(
-                basic_dir, "placement=collocated,disaggregated,hybrid", "logger=wandb", f"plan.profile={profile}"
-            ),
-        ),
-        "ray": (
-            ray_dir,
-            start_multirun(
-                ray_dir,
-                "cluster=local4",
-                "placement=disaggregated",
-                "logger=jsonl",
-                "hydra/launcher=ray",
-                "+hydra.launcher.ray.init.num_cpus=2",
-                "+hydra.launcher.ray.init.include_dashboard=false",  # its processes would leave /tmp/pymp-* behind
-                # A Ray of its own: with address None, ray.init would join whatever Ray another test started last.
-                "hydra.launcher.ray.init.address=local",
-            ),
-        ),
-    }
-    yield runs
-    for _, process in runs.values():  # a test that failed early leaves no multirun behind
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    remove_sessions(runs["ray"][1].pid)  # the Ray launcher's Ray, started in the multirun's process
+def ray_multirun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+    """The Ray launcher's one-job multirun, disaggregated on 4 devices, started as a command on a Ray of its own (on
+    a small machine much of it is waiting, for Ray and workers to start, which this process's sweep fills): what
+    the basic launcher's hybrid job must reproduce."""
+    ray_dir = tmp_path_factory.mktemp("ray")
+    process = start_multirun(
+        ray_dir,
+        "cluster=local4",
+        "placement=disaggregated",
+        "logger=jsonl",
+        "hydra/launcher=ray",
+        "+hydra.launcher.ray.init.num_cpus=2",
+        "+hydra.launcher.ray.init.include_dashboard=false",  # its processes would leave /tmp/pymp-* behind
+        # A Ray of its own: with address None, ray.init would join whatever Ray another test started last.
+        "hydra.launcher.ray.init.address=local",
+    )
+    yield ray_dir, process
+    if process.poll() is None:  # a test that failed early leaves no multirun behind
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    remove_sessions(process.pid)  # the Ray launcher's Ray, started in the multirun's process
 
 
 @pytest.fixture(scope="module")
-def sweep(multiruns: dict[str, tuple[Path, subprocess.Popen[str]]]) -> tuple[Path, str]:
-    """The basic launcher's sweep: its folder and stdout."""
-    sweep_dir, process = multiruns["basic"]
-    return sweep_dir, finish(process)
+def sweep(
+    shared_ray: None, ray_multirun: tuple[Path, subprocess.Popen[str]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, str]:
+    """The basic launcher's sweep, which feeds the report, run in this process (`train_here`) while the Ray
+    launcher's multirun runs: its folder and stdout."""
+    sweep_dir = tmp_path_factory.mktemp("basic")
+    profile = write_profile(tmp_path_factory.mktemp("profile") / "run")  # the report predicts each job from it
+    overrides = ["placement=collocated,disaggregated,hybrid", "logger=wandb", f"plan.profile={profile}"]
+    output = train_here(
+        "sweep=placement_modes",
+        *TINY,
+        f"hydra.sweep.dir={sweep_dir}",
+        *overrides,
+        env={"RLPLACE_OUTPUT_DIR": f"{sweep_dir}-outputs"},
+    )
+    return sweep_dir, output.stdout
 
 
 @pytest.mark.slow
@@ -258,12 +258,12 @@ def test_tiny_sweep_writes_report_charts_and_one_wandb_run_per_job(sweep: tuple[
 
 @pytest.mark.slow
 def test_neither_the_launcher_nor_the_placement_changes_results(
-    sweep: tuple[Path, str], multiruns: dict[str, tuple[Path, subprocess.Popen[str]]]
+    sweep: tuple[Path, str], ray_multirun: tuple[Path, subprocess.Popen[str]]
 ) -> None:
     # The basic launcher's hybrid job on 2 devices, and the Ray launcher's disaggregated job on 4: both train with 2
     # actor ranks, so to the last bit.
     basic = metrics(sweep[0] / "2")
-    ray_dir, process = multiruns["ray"]
+    ray_dir, process = ray_multirun
     finish(process)
     on_ray = metrics(ray_dir / "0")
     assert json.loads((ray_dir / "0" / RUN_INFO).read_text())["mode"] == "disaggregated"

@@ -23,7 +23,7 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
 def records(log: Path) -> Iterator[Any]:
-    """Every protobuf `Record` of a `.wandb` log, in the order written."""
+    """Every protobuf `Record` of a `.wandb` log written in full so far, in the order written."""
     data = log.read_bytes()
     pos, pieces = HEADER, b""
     while pos + HEADER <= len(data):
@@ -35,6 +35,8 @@ def records(log: Path) -> Iterator[Any]:
         if kind == 0:  # zero padding up to the block's end
             pos += left
             continue
+        if pos + HEADER + length > len(data):  # a chunk that wandb's service is still writing
+            return
         pieces += data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind in (FULL, LAST):

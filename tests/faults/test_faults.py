@@ -107,23 +107,6 @@ def _checkpoint(root: Path) -> Path:
     return checkpoint.commit(tmp)
 
 
-def test_a_damaged_checkpoint_is_refused_before_anything_starts(no_ray: None, tmp_path: Path) -> None:
-    folder = _checkpoint(tmp_path / "old" / checkpoint.FOLDER)
-    with (folder / "actor.pt").open("r+b") as file:
-        file.truncate(10)
-    with pytest.raises(ConfigError, match=r"actor.pt has 10 bytes, the manifest says 64 \(truncated\?\)"):
-        train(resolve(compose_run([*TINY, f"runner.resume={folder}"])), tmp_path / "run", {})
-    assert not ray.is_initialized()
-
-
-def test_resume_auto_with_nothing_to_resume_is_refused_unless_asked_to_start_fresh(
-    no_ray: None, tmp_path: Path
-) -> None:
-    with pytest.raises(ConfigError, match="runner.resume = 'auto': no checkpoint under"):
-        train(resolve(compose_run([*TINY, "runner.resume=auto"])), tmp_path, {})
-    assert not ray.is_initialized()
-
-
 def _once_training(run_dir: Path, name: str, action, ended: threading.Event | None = None) -> threading.Thread:
     """Once the run has logged a step, apply `action(pid)` to the first process of worker class `name` of this
     process's Ray (Ray titles worker processes `ray::<class>...`); nothing once `ended` is set (the run is over)."""
@@ -248,3 +231,21 @@ def test_sigterm_in_a_switch_finishes_a_step_writes_a_checkpoint_and_leaves_noth
     _, alive = psutil.wait_procs(processes, timeout=10)
     assert not alive, [p.cmdline() for p in alive]
     assert not session[0].exists()
+
+
+# Last in the module: the shared Ray stops for them (`no_ray`), after the runs above have used it.
+def test_a_damaged_checkpoint_is_refused_before_anything_starts(no_ray: None, tmp_path: Path) -> None:
+    folder = _checkpoint(tmp_path / "old" / checkpoint.FOLDER)
+    with (folder / "actor.pt").open("r+b") as file:
+        file.truncate(10)
+    with pytest.raises(ConfigError, match=r"actor.pt has 10 bytes, the manifest says 64 \(truncated\?\)"):
+        train(resolve(compose_run([*TINY, f"runner.resume={folder}"])), tmp_path / "run", {})
+    assert not ray.is_initialized()
+
+
+def test_resume_auto_with_nothing_to_resume_is_refused_unless_asked_to_start_fresh(
+    no_ray: None, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match="runner.resume = 'auto': no checkpoint under"):
+        train(resolve(compose_run([*TINY, "runner.resume=auto"])), tmp_path, {})
+    assert not ray.is_initialized()

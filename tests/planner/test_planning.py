@@ -23,6 +23,7 @@ from rlplace.placement import ComponentPlacement
 from rlplace.plan import main as plan_main
 from rlplace.planner import Curve, ProfileError, busiest, load_profile
 from tests.planner.synthetic import ENVS, EPOCHS, MEASURED, MINIBATCHES, STEPS, write_profile
+from tests.train_here import train_here
 
 
 @pytest.fixture
@@ -163,19 +164,14 @@ def test_placement_auto_without_a_usable_profile_is_refused(overrides, named, ca
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_ray")
 def test_an_auto_placed_run_profiles_first_records_its_choice_and_checks_its_prediction_every_step(
     tmp_path: Path,
 ) -> None:
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "rlplace.train", "placement=auto"]  # no profile: a short run makes one first
     tiny = ["task.total_num_envs=4", "rollout.num_steps=16", "algorithm.update_epochs=4", "algorithm.num_minibatches=2"]
-    done = subprocess.run(
-        [*command, *tiny, "runner.max_steps=3", "logger=jsonl", f"hydra.run.dir={run_dir}"],  # one after warm-up
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    # No profile: a short run makes one first. One step after warm-up.
+    done = train_here("placement=auto", *tiny, "runner.max_steps=3", "logger=jsonl", f"hydra.run.dir={run_dir}")
     assert "placement=auto without plan.profile: profiling 6 steps of the hybrid placement" in done.stderr
     assert (tmp_path / "run-profile" / "profile.json").is_file()
     assert "rlplace: profiled env, rollout and actor" in (tmp_path / "run-profile" / "train.log").read_text()

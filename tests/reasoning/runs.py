@@ -1,17 +1,11 @@
-"""What the reasoning end-to-end tests share: the tiny settings, and training runs from a tiny LM folder built here,
-either in a subprocess as users start them (`rlplace-train experiment=arithmetic_grpo ...` on an embedded local
-Ray) or in this process as `rlplace-train` runs them once resolved (`trained`, on the Ray this process is
-connected to)."""
+"""What the reasoning end-to-end tests share: the tiny settings, and training runs from a tiny LM folder built here, as
+`rlplace-train experiment=arithmetic_grpo ...` runs them (`arguments`), or in this process as `rlplace-train` runs
+them once resolved (`trained`, on the Ray this process is connected to)."""
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import signal
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,56 +37,16 @@ ON_DEVICE_0 = [
 """Every component on device 0 of the default 2, one process each, taking turns: the collocated shape of the reasoning
 runs trained in a pytest process, each taking over the processes of the run before it (`scheduler/parking.py`)."""
 
-TIMEOUT_S = 300
+
+def arguments(run_dir: Path, model_path: Path, *overrides: str) -> list[str]:
+    """`rlplace-train`'s arguments for a run on the tiny settings; `overrides` come last (a later `experiment=`
+    replaces the first)."""
+    return ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", f"hydra.run.dir={run_dir}", *overrides]
 
 
 def command(run_dir: Path, model_path: Path, *overrides: str) -> list[str]:
-    """`rlplace-train` on the tiny settings; `overrides` come last (a later `experiment=` replaces the first)."""
-    return [
-        sys.executable,
-        "-m",
-        "rlplace.train",
-        "experiment=arithmetic_grpo",
-        *TINY,
-        f"model.path={model_path}",
-        f"hydra.run.dir={run_dir}",
-        *overrides,
-    ]
-
-
-@dataclass
-class Run:
-    """A training subprocess writing its output into its run folder."""
-
-    run_dir: Path
-    process: subprocess.Popen[bytes]
-    stdout: str = ""
-    stderr: str = ""
-
-    def finished(self) -> Run:
-        """Wait for it; it must have succeeded."""
-        if self.process.returncode is None:
-            try:
-                self.process.wait(timeout=TIMEOUT_S)
-            finally:
-                self.stop()  # no-op once it exited
-            self.stdout = (self.run_dir / "stdout.txt").read_text()
-            self.stderr = (self.run_dir / "stderr.txt").read_text()
-        assert self.process.returncode == 0, self.stdout[-3000:] + self.stderr[-3000:]
-        return self
-
-    def stop(self) -> None:
-        """Interrupt it if it still runs, so that it shuts its Ray down (a kill would leave Ray's processes)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def metrics(self) -> list[dict[str, float]]:
-        return metrics(self.run_dir)
+    """`arguments`' run as a command started in a subprocess."""
+    return [sys.executable, "-m", "rlplace.train", *arguments(run_dir, model_path, *overrides)]
 
 
 def metrics(run_dir: Path) -> list[dict[str, float]]:
@@ -101,24 +55,12 @@ def metrics(run_dir: Path) -> list[dict[str, float]]:
 
 
 def trained(run_dir: Path, model_path: Path, *overrides: str) -> Path:
-    """`command`'s run trained in this process (`rlplace.train.train`, re-placed where `runner.replace_at` says);
+    """`arguments`' run trained in this process (`rlplace.train.train`, re-placed where `runner.replace_at` says);
     its folder."""
     args = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *overrides]
     plan = resolve(compose_run(args))
     train(plan, run_dir, resolved_config={}, switches=switches(plan, args))
     return run_dir
-
-
-def start(run_dir: Path, model_path: Path, *overrides: str, niceness: int = 0) -> Run:
-    """`command` started in the background, its output in `run_dir`'s stdout.txt and stderr.txt."""
-    with (run_dir / "stdout.txt").open("wb") as out, (run_dir / "stderr.txt").open("wb") as err:
-        process = subprocess.Popen(
-            command(run_dir, model_path, *overrides),
-            stdout=out,
-            stderr=err,
-            preexec_fn=functools.partial(os.nice, niceness),
-        )
-    return Run(run_dir, process)
 
 
 def same(a: object, b: object) -> bool:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from rlplace.train import RUN_INFO
-from tests.test_report import finish, metrics, start_multirun
+from tests.test_report import metrics
+from tests.train_here import train_here
 
 REASONING = [  # sweep=reasoning_placements on the tiny settings, one step off only: its three placements
     "experiment=arithmetic_grpo",
@@ -56,12 +57,13 @@ REASONING_COMPARED = (
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_ray")
 def test_the_reasoning_placements_give_the_same_metrics(tmp_path: Path) -> None:
     # Disaggregated on 4 devices trains with 1 sharded actor rank (FSDP2), hybrid with 2: sums over ranks round
     # differently from one tensor's sum, by about 1e-7 relative, hence the tolerance; generation and rewards are
     # exact.
     sweep_dir = tmp_path / "sweep"
-    finish(start_multirun(sweep_dir, preset=tuple(REASONING)))
+    train_here(*REASONING, f"hydra.sweep.dir={sweep_dir}", env={"RLPLACE_OUTPUT_DIR": f"{sweep_dir}-outputs"})
     jobs = [metrics(sweep_dir / str(job)) for job in range(2)]
     modes = [json.loads((sweep_dir / str(job) / RUN_INFO).read_text())["mode"] for job in range(2)]
     assert modes == ["disaggregated", "hybrid"]

@@ -1,18 +1,19 @@
 """The reasoning loop end to end, from a tiny LM folder built here (not pretrained: these tests are about behaviour,
 not accuracy; the accuracy gain is measured by the experiment itself and recorded in benchmarks/RESULTS.md).
 
-Two runs cover the end-to-end tests. The synchronous disaggregated preset, with two data-parallel actor ranks and
-generating with vLLM where it is installed, runs as users run it: `rlplace-train experiment=arithmetic_grpo_disagg
-...` in a subprocess on an embedded Ray of its own. Meanwhile the collocated run trains in this process (as
-`rlplace-train` does once it has resolved the config), on the module's Ray: every component on one device with PPO
-(critic and reference model included), one step off (runner.max_staleness=1) and a checkpoint after every step. Two
-more runs in this process go from the same state to another placement, the actor alone on a device, training beside
+Two runs cover the end-to-end tests, each trained in this process on the module's Ray when a test first reads it.
+The collocated run trains as `rlplace-train` does once it has resolved the config: every component on one device
+with PPO (critic and reference model included), one step off (runner.max_staleness=1) and a checkpoint after every
+step. Two more runs go from the same state to another placement, the actor alone on a device, training beside
 generation: one resumes the collocated run's step-2 checkpoint, which holds the micro-batches generated ahead, and
 one re-places itself after step 2 (`runner.replace_at`). Both must continue the collocated run exactly, which checks
-resume, re-placement and placement independence under asynchronous training at once. Runs of this process take over
-the devices and worker processes of the run before (`scheduler/parking.py`). Config and placement refusals (and
-checkpoints a run cannot resume) are checked in-process through `resolve`, as both CLIs do, and one of them through
-the CLI.
+resume, re-placement and placement independence under asynchronous training at once. The synchronous disaggregated
+preset, with two data-parallel actor ranks and generating with vLLM where it is installed, runs through the command's
+entry point as users start it (`rlplace-train experiment=arithmetic_grpo_disagg ...`, `tests/train_here.py`), after
+the collocated runs: its 4 devices are the shape of the sweep of tests/reasoning/test_placements.py, which takes over
+its processes. Runs of this process take over the devices and worker processes of the run before
+(`scheduler/parking.py`). Config and placement refusals (and checkpoints a run cannot resume) are checked in-process
+through `resolve`, as both CLIs do, and one of them through the CLI.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import shlex
 import shutil
 import statistics
 import subprocess
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,7 +47,8 @@ from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.replace import switches
 from rlplace.train import train
 from tests import TEST_PRESETS
-from tests.reasoning.runs import ON_DEVICE_0, TINY, command, compared, metrics, same, start, trained
+from tests.reasoning.runs import ON_DEVICE_0, TINY, arguments, command, compared, metrics, same, trained
+from tests.train_here import train_here
 
 VLLM = importlib.util.find_spec("vllm") is not None
 ASYNC_PPO = [
@@ -97,43 +98,35 @@ def trained_state(checkpoint: Path, scratch: Path) -> dict:
     return torch.load(scratch, weights_only=False)
 
 
-def selected_variants(session: pytest.Session) -> set[str]:
-    """The runs that the selected tests read: a test's `variant` parameter, else (the vLLM test) disaggregated."""
-    variants = set()
-    for item in session.items:
-        if "runs" in getattr(item, "fixturenames", ()):
-            params = item.callspec.params if hasattr(item, "callspec") else {}
-            variants.add(params.get("variant", "disaggregated"))
-    return variants
+class Runs:
+    """The module's two runs, each trained on first use (`runs[variant]` is its folder); what the disaggregated
+    command wrote to stdout is kept beside it."""
+
+    def __init__(self, model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self.model_path, self.tmp_path_factory = model_path, tmp_path_factory
+        self.folders: dict[str, Path] = {}
+        self.stdout = ""
+
+    def __getitem__(self, variant: str) -> Path:
+        if variant not in self.folders:
+            folder = self.tmp_path_factory.mktemp(variant)
+            if variant == "collocated":
+                trained(folder, self.model_path, *RUNS[variant])
+            else:
+                self.stdout = train_here(*arguments(folder, self.model_path, *RUNS[variant])).stdout
+            self.folders[variant] = folder
+        return self.folders[variant]
 
 
 @pytest.fixture(scope="module")
-def runs(
-    shared_ray: None, model_path: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[dict[str, Path]]:
-    """The folders of the runs the selected tests read, on first use: the disaggregated subprocess started first
-    (niced: it yields the cores to this process's runs, the module's longest chain), the collocated run trained here
-    meanwhile, then the subprocess waited for."""
-    wanted = selected_variants(request.session)
-    cli = None
-    if "disaggregated" in wanted:
-        cli = start(tmp_path_factory.mktemp("disaggregated"), model_path, *RUNS["disaggregated"], niceness=10)
-    try:
-        folders = {}
-        if "collocated" in wanted:
-            folders["collocated"] = trained(tmp_path_factory.mktemp("collocated"), model_path, *RUNS["collocated"])
-        if cli is not None:
-            folders["disaggregated"] = cli.finished().run_dir
-        yield folders
-    finally:
-        if cli is not None:
-            cli.stop()
+def runs(shared_ray: None, model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(model_path, tmp_path_factory)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["collocated"])
 def test_resume_under_another_placement_continues_exactly(
-    variant: str, runs: dict[str, Path], model_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    variant: str, runs: Runs, model_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     full = runs[variant]
     checkpoint = full / "checkpoints" / "step_000002"
@@ -182,7 +175,7 @@ def test_resume_under_another_placement_continues_exactly(
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["collocated"])
 def test_a_run_re_placed_while_it_runs_continues_exactly(
-    variant: str, runs: dict[str, Path], model_path: Path, tmp_path: Path
+    variant: str, runs: Runs, model_path: Path, tmp_path: Path
 ) -> None:
     overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS[variant]]
     overrides += [TEST_PRESETS, "runner.replace_at=[2:actor_apart]"]
@@ -198,11 +191,11 @@ def test_a_run_re_placed_while_it_runs_continues_exactly(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["collocated", "disaggregated"])
-def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, runs: dict[str, Path]) -> None:
+def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, runs: Runs) -> None:
     run = runs[variant]
     assert json.loads((run / "run.json").read_text())["mode"] == variant
     if variant == "disaggregated":  # the command's last words
-        assert "rlplace: done: disaggregated placement, held-out accuracy" in (run / "stdout.txt").read_text()
+        assert "rlplace: done: disaggregated placement, held-out accuracy" in runs.stdout
     steps = 4 if variant == "collocated" else 2
     saved = [f"step_{step:06d}" for step in range(1, steps + 1)] if variant == "collocated" else ["step_000002"]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == saved  # save_interval 1, 0
@@ -267,7 +260,7 @@ def test_runs_in_both_modes_and_writes_metrics_timeline_and_model(variant: str, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["collocated", "disaggregated"])
-def test_the_last_checkpoint_exports_as_the_final_model(variant: str, runs: dict[str, Path], tmp_path: Path) -> None:
+def test_the_last_checkpoint_exports_as_the_final_model(variant: str, runs: Runs, tmp_path: Path) -> None:
     """`rlplace-export` turns a checkpoint (written by 1 actor rank, or by 2) into the model folder the run wrote at
     its end: the same weights to the bit, the same files beside them."""
     run = runs[variant]
@@ -282,7 +275,7 @@ def test_the_last_checkpoint_exports_as_the_final_model(variant: str, runs: dict
 
 
 @pytest.mark.slow
-def test_vllm_backend_trains_and_its_weights_follow_the_actor(runs: dict[str, Path]) -> None:
+def test_vllm_backend_trains_and_its_weights_follow_the_actor(runs: Runs) -> None:
     # The disaggregated run generates with vLLM: the rollout checks the weight version it is asked for every step
     # (StaleWeightsError otherwise), so a finished run means the engine's weights followed the actor's.
     pytest.importorskip("vllm")
@@ -295,7 +288,7 @@ def test_vllm_backend_trains_and_its_weights_follow_the_actor(runs: dict[str, Pa
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["disaggregated"])
 def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choice(
-    variant: str, runs: dict[str, Path], model_path: Path
+    variant: str, runs: Runs, model_path: Path
 ) -> None:
     run = runs[variant]
     profile = json.loads((run / PROFILE_FILE).read_text())
@@ -333,7 +326,7 @@ def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choic
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["collocated"])
-def test_one_step_off_trains_on_the_batch_generated_ahead(variant: str, runs: dict[str, Path]) -> None:
+def test_one_step_off_trains_on_the_batch_generated_ahead(variant: str, runs: Runs) -> None:
     rows = metrics(runs[variant])
     assert [row["async/staleness"] for row in rows] == [0.0, 1.0, 1.0, 1.0]  # step 0: the initial weights
     assert rows[0]["train/behaviour_weight"] == 1.0  # π_behav is π_prox, to the last bit
