@@ -25,8 +25,9 @@ from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.tasks.prompts import Problem
 from rlplace.reasoning.update import compute_advantages, llm_update
 
-SHAPE = TinyQwen2Shape(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=512)
-"""About 2.6 M parameters: four decoder layers to shard by, as a real model has many."""
+SHAPE = TinyQwen2Shape(hidden_size=64, num_layers=4, num_heads=2, num_kv_heads=1, intermediate_size=128)
+"""About 0.18 M parameters: four decoder layers to shard by, as a real model has many, each small, since what the
+tests compare is arithmetic, not capacity."""
 PROMPTS = ["12+7=", "3+4=", "30+45=", "8+8=", "1+1=", "62+9=", "5+17=", "40+2="]
 RESPONSES = ["19", "8", "75", "16", "2", "71", "22", "42", "1", "7", "77", "61", "20", "71", "12", "43"]
 GROUP = 2
