@@ -24,8 +24,8 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/rlplace-train $(ARGS)
 
-# Two pytest workers, a test file each at a time: most of a run's wall time is Ray and worker processes starting,
-# which overlaps well even on 2 cores. Any crash dumps the Python stacks (PYTHONFAULTHANDLER).
+# Two pytest workers, a test file each at a time, in the order tests/conftest.py gives (`SharedRunsFirst`: the files
+# whose runs share worker processes go together, first). Any crash dumps the Python stacks (PYTHONFAULTHANDLER).
 test: $(STAMP)
 	PYTHONFAULTHANDLER=1 $(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 

@@ -91,9 +91,9 @@ def compose_cfg() -> Callable[..., DictConfig]:
 
 SHARED_RUNS = {
     "embodied runs": (
-        "tests/embodied/test_runner.py",
         "tests/test_report.py",
         "tests/planner/test_planning.py",
+        "tests/embodied/test_runner.py",
         "tests/faults/test_faults.py",
     ),
     "reasoning runs": (

@@ -27,6 +27,7 @@ from rlplace.core.errors import ConfigError
 from rlplace.families import resolve
 from rlplace.scheduler import WorkerError, WorkerTimeout
 from rlplace.scheduler.group import GRACEFUL_EXIT_S
+from rlplace.scheduler.hosts import ACTOR_NAME_TOKEN
 from rlplace.scheduler.session import REAP_S
 from rlplace.train import RUN_INFO, train
 from tests import TEST_PRESETS
@@ -108,8 +109,8 @@ def _checkpoint(root: Path) -> Path:
 
 
 def _once_training(run_dir: Path, name: str, action, ended: threading.Event | None = None) -> threading.Thread:
-    """Once the run has logged a step, apply `action(pid)` to the first process of worker class `name` of this
-    process's Ray (Ray titles worker processes `ray::<class>...`); nothing once `ended` is set (the run is over)."""
+    """Once the run has logged a step, apply `action(pid)` to a process of this process's Ray that hosts a worker of
+    class `name` (`_hosting`); nothing once `ended` is set (the run is over)."""
     ended = threading.Event() if ended is None else ended
 
     def watch() -> None:
@@ -118,17 +119,27 @@ def _once_training(run_dir: Path, name: str, action, ended: threading.Event | No
         while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().strip()):
             if ended.wait(0.1):
                 return
-        for process in psutil.Process().children(recursive=True):
-            try:
-                if process.cmdline()[:1] and process.cmdline()[0].startswith(f"ray::{name}"):
-                    action(process.pid)
-                    return
-            except psutil.Error:
-                continue
+        children = {process.pid for process in psutil.Process().children(recursive=True)}
+        hosting = [pid for pid in _hosting(name) if pid in children]
+        if hosting:
+            action(hosting[0])
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread
+
+
+def _hosting(name: str) -> list[int]:
+    """The pids of this Ray's worker processes whose current worker is of class `name`: the last name each printed to
+    its log (`Host._take_name`). A process's title will not do: a process kept from an earlier run shows, during a
+    call, the class it started as."""
+    logs = Path(ray._private.worker.global_worker.node.get_session_dir_path()) / "logs"
+    found = []
+    for log in logs.glob("worker-*.out"):
+        names = [line for line in log.read_text(errors="replace").splitlines() if line.startswith(ACTOR_NAME_TOKEN)]
+        if names and names[-1].removeprefix(ACTOR_NAME_TOKEN).split(" ")[0] == name:
+            found.append(int(log.stem.rsplit("-", 1)[1]))
+    return found
 
 
 HANG_TIMEOUT_S = 4
