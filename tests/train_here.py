@@ -3,9 +3,9 @@
 A command-line run in a subprocess pays for a Python with torch, Ray's own processes and new worker processes; here
 the run joins the Ray this process is connected to, and takes over the devices and worker processes that the
 process's last run parked (`scheduler/parking.py`). What only a process of its own shows (exit codes through the
-shell, a Ray of its own started and stopped, nothing left behind) stays with the subprocess tests:
-tests/test_bad_input.py, tests/scheduler/test_scheduler_teardown.py, tests/test_wheel.py, tests/test_report.py's Ray
-launcher and the disaggregated run of tests/reasoning/test_runner.py.
+shell, signals, a Ray of its own started and stopped, nothing left behind) stays with the subprocess tests:
+tests/test_bad_input.py, tests/faults/, tests/scheduler/test_scheduler_teardown.py, tests/test_wheel.py and
+tests/test_report.py's Ray launcher.
 """
 
 from __future__ import annotations

@@ -119,10 +119,13 @@ def _once_training(run_dir: Path, name: str, action, ended: threading.Event | No
         while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().strip()):
             if ended.wait(0.1):
                 return
-        children = {process.pid for process in psutil.Process().children(recursive=True)}
-        hosting = [pid for pid in _hosting(name) if pid in children]
-        if hosting:
-            action(hosting[0])
+        while time.monotonic() < deadline and not ended.is_set():  # until its log names it
+            children = {process.pid for process in psutil.Process().children(recursive=True)}
+            hosting = [pid for pid in _hosting(name) if pid in children]
+            if hosting:
+                action(hosting[0])
+                return
+            time.sleep(0.1)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
