@@ -57,7 +57,7 @@ def metrics(run_dir: Path) -> list[dict[str, float]]:
 def trained(run_dir: Path, model_path: Path, *overrides: str) -> Path:
     """`arguments`' run trained in this process (`rlplace.train.train`, re-placed where `runner.replace_at` says);
     its folder."""
-    args = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *overrides]
+    args = arguments(run_dir, model_path, *overrides)
     plan = resolve(compose_run(args))
     train(plan, run_dir, resolved_config={}, switches=switches(plan, args))
     return run_dir
