@@ -135,7 +135,7 @@ class SharedRunsFirst(LoadFileScheduling):
     units, one to each process, handed out first."""
 
     def __init__(self, config: pytest.Config, log) -> None:
-        config.option.loadscopereorder = False  # xdist would order the units by their number of tests
+        config.option.loadscopereorder = False  # xdist (3.8 on) would order the units by their number of tests
         super().__init__(config, log)
 
     def _split_scope(self, nodeid: str) -> str:
