@@ -153,10 +153,9 @@ def test_one_colour_per_phase_across_metrics_segments_and_spans() -> None:
     assert len(set(PHASE_COLOURS.values())) == len(PHASE_COLOURS)
 
 
-def start_multirun(
-    sweep_dir: Path, *overrides: str, preset: tuple[str, ...] = ("sweep=placement_modes", *TINY)
-) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "rlplace.train", *preset, f"hydra.sweep.dir={sweep_dir}"]
+def start_multirun(sweep_dir: Path, *overrides: str) -> subprocess.Popen[str]:
+    """`sweep=placement_modes` on the tiny settings, with `overrides`, as a command in a process of its own."""
+    command = [sys.executable, "-m", "rlplace.train", "sweep=placement_modes", *TINY, f"hydra.sweep.dir={sweep_dir}"]
     env = {**os.environ, "RLPLACE_OUTPUT_DIR": f"{sweep_dir}-outputs"}  # where a pretrained model is cached
     return subprocess.Popen(
         [*command, *overrides],

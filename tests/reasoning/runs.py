@@ -38,10 +38,15 @@ ON_DEVICE_0 = [
 runs trained in a pytest process, each taking over the processes of the run before it (`scheduler/parking.py`)."""
 
 
+def tiny_overrides(model_path: Path, *more: str) -> list[str]:
+    """A run on the tiny settings from the model folder `model_path`; `more` come last (a later `experiment=` replaces
+    the first)."""
+    return ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *more]
+
+
 def arguments(run_dir: Path, model_path: Path, *overrides: str) -> list[str]:
-    """`rlplace-train`'s arguments for a run on the tiny settings; `overrides` come last (a later `experiment=`
-    replaces the first)."""
-    return ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", f"hydra.run.dir={run_dir}", *overrides]
+    """`rlplace-train`'s arguments for `tiny_overrides`' run, writing into `run_dir`."""
+    return [*tiny_overrides(model_path, *overrides), f"hydra.run.dir={run_dir}"]
 
 
 def command(run_dir: Path, model_path: Path, *overrides: str) -> list[str]:
@@ -57,7 +62,7 @@ def metrics(run_dir: Path) -> list[dict[str, float]]:
 def trained(run_dir: Path, model_path: Path, *overrides: str) -> Path:
     """`arguments`' run trained in this process (`rlplace.train.train`, re-placed where `runner.replace_at` says);
     its folder."""
-    args = arguments(run_dir, model_path, *overrides)
+    args = tiny_overrides(model_path, *overrides)
     plan = resolve(compose_run(args))
     train(plan, run_dir, resolved_config={}, switches=switches(plan, args))
     return run_dir

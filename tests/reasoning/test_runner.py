@@ -47,7 +47,7 @@ from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.replace import switches
 from rlplace.train import train
 from tests import TEST_PRESETS
-from tests.reasoning.runs import ON_DEVICE_0, TINY, arguments, command, compared, metrics, same, trained
+from tests.reasoning.runs import ON_DEVICE_0, arguments, command, compared, metrics, same, tiny_overrides, trained
 from tests.train_here import train_here
 
 VLLM = importlib.util.find_spec("vllm") is not None
@@ -130,7 +130,7 @@ def test_resume_under_another_placement_continues_exactly(
 ) -> None:
     full = runs[variant]
     checkpoint = full / "checkpoints" / "step_000002"
-    overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *ASYNC_PPO, *APART]
+    overrides = tiny_overrides(model_path, *ASYNC_PPO, *APART)
     plan = resolve(compose_run([*overrides, f"runner.resume={checkpoint}"]))
     check_checkpoint(plan.cfg, checkpoint)
     with caplog.at_level(logging.INFO):
@@ -177,7 +177,7 @@ def test_resume_under_another_placement_continues_exactly(
 def test_a_run_re_placed_while_it_runs_continues_exactly(
     variant: str, runs: Runs, model_path: Path, tmp_path: Path
 ) -> None:
-    overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS[variant]]
+    overrides = tiny_overrides(model_path, *RUNS[variant])
     overrides += [TEST_PRESETS, "runner.replace_at=[2:actor_apart]"]
     plan = resolve(compose_run(overrides))
     (switch,) = switches(plan, overrides)
@@ -302,12 +302,12 @@ def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choic
     assert passes["sizes"] == [1, 2, 4, 8, 16, 32] and all(s > 0 for s in passes["seconds"])  # 64 rows / 2 minibatches
     assert passes["optimizer_step"] > 0 and passes["row_tokens"] > 0
     # Calibrated on the run it profiled, the model gives back that run's median step.
-    profiled = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS[variant]]
+    profiled = tiny_overrides(model_path, *RUNS[variant])
     planned = resolve(compose_run([*profiled, f"plan.profile={run}"]))
     measured = statistics.median(row["time/step"] for row in metrics(run))
     assert planned.prediction.step_s == pytest.approx(measured, rel=1e-6)
     # The same run on other placements (the profiled sizes, the hf rollout).
-    same = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS[variant][1:4]]
+    same = tiny_overrides(model_path, *RUNS[variant][1:4])
     same.append(f"plan.profile={run}")
     # Collocated on one device, the four stages take turns: its generation is predicted longer than apart.
     collocated = resolve(compose_run([*same, "cluster.num_devices_per_node=1"]))
@@ -388,7 +388,7 @@ def test_bad_input_is_refused_before_workers_start(
     overrides: list[str], error: type[Exception], message: str, model_path: Path, compose_cfg
 ) -> None:
     if not overrides[0].startswith("task="):  # else the options are chosen group by group, as they are
-        overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *overrides]
+        overrides = tiny_overrides(model_path, *overrides)
     with pytest.raises(error, match=message):
         resolve(compose_cfg(*overrides))
 
@@ -407,7 +407,7 @@ def test_bad_input_is_refused_before_workers_start(
 def test_check_checkpoint_refuses_a_checkpoint_this_run_cannot_continue(
     change: str, message: str, model_path: Path, tmp_path: Path, compose_cfg
 ) -> None:
-    overrides = ["experiment=arithmetic_grpo", *TINY, f"model.path={model_path}", *RUNS["collocated"]]
+    overrides = tiny_overrides(model_path, *RUNS["collocated"])
     written = resolve(compose_cfg(*overrides)).cfg
     folder = tmp_path / "step_000001"
     folder.mkdir()
