@@ -430,7 +430,8 @@ rollout.max_new_tokens = 8 after them; the longest has 129 tokens"""),
         match=re.escape(
             f"task.max_prompt_length = 100 is invalid with task.train_path = '{tmp_path / 'train.jsonl'}': 1 of its 5 "
             "train prompts is longer; the longest has 121 tokens ('1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+') (valid: "
-            "121 or more, or task.filter_overlong_prompts=true to leave them out)"
+            "121 or more, task.filter_overlong_prompts=true to leave them out, or task.truncation=left|right|middle to cut "
+            "them)"
         ),
     ):
         check([*_records(6), prompt(121)], "rollout.max_new_tokens=7", "task.max_prompt_length=100")
@@ -474,6 +475,54 @@ def test_overlong_prompts_are_left_out_when_the_task_filters_them(
     plan = resolve(compose_run([*data, f"task.eval_path={evals}"]))
     with pytest.raises(ConfigError, match="task.filter_overlong_prompts = True is invalid: false, or room for longer"):
         check_prompts_fit(plan.cfg, model_path)
+
+
+def test_truncate_keeps_what_verl_keeps() -> None:
+    from rlplace.reasoning.tasks.prompts import truncate
+
+    ids = list(range(10))
+    assert truncate(ids, 4, "left") == [6, 7, 8, 9]
+    assert truncate(ids, 4, "right") == [0, 1, 2, 3]
+    assert truncate(ids, 5, "middle") == [0, 1, 7, 8, 9]
+    assert truncate(ids, 10, "left") == ids
+
+
+def test_overlong_prompts_are_cut_when_the_task_truncates_them(
+    tmp_path: Path, model_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """verl's data.truncation: the prompt the tests above refuse or drop is cut to task.max_prompt_length, the same
+    in every process that encodes it, and counted; a pretrained model's cache key changes only when prompts are cut."""
+    from rlplace.cli import compose_run
+    from rlplace.families import resolve
+    from rlplace.reasoning.launch import check_prompts_fit
+    from rlplace.reasoning.models.tokenizer import load_tokenizer
+    from rlplace.reasoning.pretrain import cache_config
+    from rlplace.reasoning.tasks.prompts import encode_prompts, render_prompts
+
+    long = "1+" * 59 + "1="  # 121 tokens with <bos>
+    train = _write(tmp_path / "train.jsonl", [*_records(6), json.dumps({"prompt": long, "answer": "60"})])
+    data = ["experiment=arithmetic_grpo", "task=dataset", f"task.train_path={train}", f"model.path={model_path}"]
+    data += ["task.eval_size=2", "task.data_seed=1", "task.max_prompt_length=100"]
+    tokenizer = load_tokenizer(model_path)
+    problem = Problem(long, "60")
+    (whole,) = render_prompts(tokenizer, [problem], DatasetTaskConfig(train_path=train))
+    for side, kept in (("left", whole[-100:]), ("right", whole[:100]), ("middle", whole[:50] + whole[-50:])):
+        plan = resolve(compose_run([*data, f"task.truncation={side}"]))
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            source = check_prompts_fit(plan.cfg, model_path)
+        assert (
+            f"task.truncation = {side}: 1 training and 0 held-out prompts are longer than task.max_prompt_length = "
+            "100 tokens and are cut to it" in caplog.text
+        )
+        assert source.num_train == 5  # none left out
+        assert encode_prompts(tokenizer, [problem], plan.cfg.task) == [kept]
+        assert cache_config(plan.cfg)["task"]["truncation"] == side
+    assert "truncation" not in cache_config(resolve(compose_run(data)).cfg)["task"]  # keys made before it stay valid
+    with pytest.raises(ConfigError, match=r"task.truncation = 'left' is invalid: error while task.max_prompt_length"):
+        DatasetTaskConfig(train_path=train, truncation="left")
+    with pytest.raises(ConfigError, match=r"task.truncation = 'start' is invalid: valid: error, left, right, middle"):
+        DatasetTaskConfig(train_path=train, truncation="start", max_prompt_length=100)
 
 
 def test_max_epochs_sets_the_steps_of_that_many_passes_over_the_training_records() -> None:

@@ -24,7 +24,7 @@ from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.pretrain import pretrained_model_path
 from rlplace.reasoning.rewards import check_remote_reward
 from rlplace.reasoning.runner import ReasoningRunner
-from rlplace.reasoning.tasks import drop_overlong, make_prompt_source, prompt_room
+from rlplace.reasoning.tasks import count_truncated, drop_overlong, make_prompt_source, prompt_room
 from rlplace.reasoning.tasks.prompts import PromptSource, check_prompt_lengths
 from rlplace.reasoning.workers import InferenceWorker, LLMActorWorker, LLMRolloutWorker, RewardWorker
 from rlplace.scheduler import Cluster, StartingGroup, wait_started
@@ -105,8 +105,8 @@ def check_built_model_memory(
 def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> PromptSource:
     """Refuse, before any worker starts, prompts too long for the model's context (`max_position_embeddings`, the
     engines' limit) with rollout.max_new_tokens on top (`check_prompt_lengths`); or, with
-    task.filter_overlong_prompts, say how many of them the run leaves out (`drop_overlong`). Returns the task's
-    problems, those left out removed."""
+    task.filter_overlong_prompts, say how many of them the run leaves out (`drop_overlong`); with task.truncation,
+    say how many are cut (`count_truncated`). Returns the task's problems, those left out removed."""
     context = AutoConfig.from_pretrained(model_path).max_position_embeddings
     tokenizer = load_tokenizer(model_path)
     source = make_prompt_source(cfg.task)
@@ -119,6 +119,12 @@ def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> PromptSource:
             f"rlplace: task.filter_overlong_prompts: {dropped[0]} training and {dropped[1]} held-out prompts are "
             f"longer than the {room} tokens a prompt may have (the model's context of {context} tokens less "
             f"rollout.max_new_tokens = {cfg.rollout.max_new_tokens}, task.max_prompt_length at most) and are left out"
+        )
+    cut = count_truncated(source, cfg.task, tokenizer)
+    if cut is not None:
+        log.info(
+            f"rlplace: task.truncation = {cfg.task.truncation}: {cut[0]} training and {cut[1]} held-out prompts are "
+            f"longer than task.max_prompt_length = {cfg.task.max_prompt_length} tokens and are cut to it"
         )
     return source
 

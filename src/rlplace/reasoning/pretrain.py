@@ -61,6 +61,9 @@ does not have keys as None), so that a cached model stays found; a task's other 
 `PRETRAIN_NEUTRAL_FIELDS`."""
 PRETRAIN_NEUTRAL_FIELDS = ("prompts_per_step",)
 """Task fields that do not change the pretrained weights."""
+KEYED_WHEN_SET = {"truncation": "error"}
+"""Task fields added after models were cached, with the value that keys as their absence: such a field keys only when
+set to another, so that those keys stay valid."""
 KEYED_REWARD_DEFAULT = "exact_match"
 """The reward changes the pretrained weights too (pretraining stops on its score), but it keys (as `task.reward`, the
 field it was before it had a section of its own) only when it is not `exact_match`, so that keys made before rewards
@@ -79,6 +82,7 @@ def cache_config(cfg: ReasoningConfig) -> dict[str, Any]:
                 f.name: getattr(cfg.task, f.name)
                 for f in dataclasses.fields(cfg.task)
                 if f.name not in TASK_KEY_FIELDS + PRETRAIN_NEUTRAL_FIELDS
+                and (f.name not in KEYED_WHEN_SET or getattr(cfg.task, f.name) != KEYED_WHEN_SET[f.name])
             },
             **({} if cfg.reward_name == KEYED_REWARD_DEFAULT else {"reward": cfg.reward_name}),
         },

@@ -15,7 +15,7 @@ from rlplace.core.errors import ConfigError
 
 from .arithmetic import ArithmeticTaskConfig
 from .dataset import DatasetTask, DatasetTaskConfig
-from .prompts import Problem, PromptSource, encode_prompts
+from .prompts import Problem, PromptSource, encode_prompts, render_prompts
 from .registry import TASKS, ReasoningTaskConfig
 
 TASKS.register("arithmetic", ArithmeticTaskConfig)
@@ -26,6 +26,7 @@ __all__ = [
     "ArithmeticTaskConfig",
     "DatasetTaskConfig",
     "ReasoningTaskConfig",
+    "count_truncated",
     "drop_overlong",
     "prompt_room",
     "make_prompt_source",
@@ -66,6 +67,21 @@ def drop_overlong(
         return [len(ids) for ids in encode_prompts(tokenizer, problems, task)]
 
     return source.keep_fitting(lengths, prompt_room(task, context, max_new_tokens))
+
+
+def count_truncated(source: PromptSource, task: ReasoningTaskConfig, tokenizer: Any) -> tuple[int, int] | None:
+    """With task.truncation cutting prompts, how many training and held-out prompts of `source` are longer than
+    task.max_prompt_length, and so are cut; None when the task does not cut them. Training prompts are counted for a
+    source that holds a known number of them (`num_train`: a data file's records), else 0."""
+    if getattr(task, "truncation", "error") == "error":
+        return None
+    limit = task.max_prompt_length  # type: ignore[attr-defined]  # the schema requires it with truncation
+
+    def cut(problems: list[Problem]) -> int:
+        return sum(len(ids) > limit for ids in render_prompts(tokenizer, problems, task))
+
+    records = getattr(source, "num_train", None)
+    return (cut(source.train_batch(0, records)) if isinstance(records, int) else 0), cut(source.eval_set())
 
 
 def prompt_room(task: ReasoningTaskConfig, context: int, max_new_tokens: int) -> int:

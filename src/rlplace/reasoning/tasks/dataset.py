@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlplace.core.errors import ConfigError, check
+from rlplace.core.errors import ConfigError, check, check_choice
 
-from .prompts import Problem, check_batch_request, seeded_rng
+from .prompts import TRUNCATIONS, Problem, check_batch_request, seeded_rng
 from .registry import ReasoningTaskConfig
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -63,7 +63,11 @@ class DatasetTaskConfig(ReasoningTaskConfig):
     prompt key is then not read."""
     max_prompt_length: int | None = None
     """The most tokens a prompt may have, as the model is asked it (verl's `data.max_prompt_length`), below what the
-    model's context leaves for rollout.max_new_tokens; null: that room alone. Prompts are never truncated."""
+    model's context leaves for rollout.max_new_tokens; null: that room alone."""
+    truncation: str = "error"
+    """A prompt longer than max_prompt_length (verl's `data.truncation`): `error` refuses the data before any worker
+    starts, naming the longest; `left`, `right` or `middle` cut it to max_prompt_length tokens there
+    (`prompts.truncate`), and the driver logs how many were cut."""
     filter_overlong_prompts: bool = False
     """Drop the records whose prompt, as the model is asked it, is longer than task.max_prompt_length or leaves no
     room for rollout.max_new_tokens in the model's context (verl's `data.filter_overlong_prompts`), and log how many;
@@ -74,6 +78,13 @@ class DatasetTaskConfig(ReasoningTaskConfig):
         check(self.train_path is not None, "task.train_path", self.train_path, DATA_FILES)
         limit = self.max_prompt_length
         check(limit is None or limit >= 1, "task.max_prompt_length", limit, "null or at least 1")
+        check_choice("task.truncation", self.truncation, TRUNCATIONS)
+        check(
+            self.truncation == "error" or limit is not None,
+            "task.truncation",
+            self.truncation,
+            "error while task.max_prompt_length is null (set it to the tokens a prompt is cut to)",
+        )
         for key, value in (("task.train_path", self.train_path), ("task.eval_path", self.eval_path)):
             if value is not None:
                 entries = value if isinstance(value, list | tuple) else [value]

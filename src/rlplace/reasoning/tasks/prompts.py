@@ -90,12 +90,33 @@ def conversation(problem: Problem, task: ReasoningTaskConfig) -> list[Mapping[st
     return turns
 
 
+TRUNCATIONS = ("error", "left", "right", "middle")
+"""task.truncation (verl's `data.truncation`): what happens to a prompt longer than task.max_prompt_length."""
+
+
 def encode_prompts(tokenizer: Any, problems: Sequence[Problem], task: ReasoningTaskConfig) -> list[list[int]]:
     """The token ids of each problem's prompt as the model is asked it: one rendering for generation, evaluation and
-    pretraining alike. With a chat template, the conversation (the system prompt, then the record's turns or the
-    prompt as the user's, through task.prompt_template) plus the template's generation prompt, with
-    task.chat_template_kwargs, and no special tokens beyond the template's; without one, the prompt text after the
-    system prompt's line, with the tokenizer's usual special tokens."""
+    pretraining alike (`render_prompts`), cut to task.max_prompt_length where task.truncation says so
+    (`truncate`)."""
+    side, limit = getattr(task, "truncation", "error"), getattr(task, "max_prompt_length", None)
+    rendered = render_prompts(tokenizer, problems, task)
+    return rendered if side == "error" or limit is None else [truncate(ids, limit, side) for ids in rendered]
+
+
+def truncate(ids: list[int], limit: int, side: str) -> list[int]:
+    """`ids` cut to `limit` tokens as verl cuts them: `left` drops the start (the question's end and the generation
+    prompt stay), `right` the end, `middle` the middle (the first half of `limit` and the last half kept)."""
+    if len(ids) <= limit:
+        return ids
+    head = {"left": 0, "right": limit, "middle": limit // 2}[side]
+    return ids[:head] + ids[len(ids) - (limit - head) :]
+
+
+def render_prompts(tokenizer: Any, problems: Sequence[Problem], task: ReasoningTaskConfig) -> list[list[int]]:
+    """Each problem's prompt as token ids, whole. With a chat template, the conversation (the system prompt, then the
+    record's turns or the prompt as the user's, through task.prompt_template) plus the template's generation prompt,
+    with task.chat_template_kwargs, and no special tokens beyond the template's; without one, the prompt text after
+    the system prompt's line, with the tokenizer's usual special tokens."""
     if not uses_chat_template(tokenizer, task):
         if task.chat_template_kwargs:
             raise ConfigError(
@@ -165,8 +186,8 @@ def check_prompt_lengths(
         raise ConfigError(
             f"task.max_prompt_length = {limit} is invalid with {key} = {value!r}: {over} of "
             f"its {len(splits[split])} {split} prompts {'is' if over == 1 else 'are'} longer; the longest has "
-            f"{longest} tokens ({prompt!r}) (valid: {longest} or more, or task.filter_overlong_prompts=true to "
-            "leave them out)"
+            f"{longest} tokens ({prompt!r}) (valid: {longest} or more, task.filter_overlong_prompts=true to leave "
+            "them out, or task.truncation=left|right|middle to cut them)"
         )
     if longest + max_new_tokens <= context:
         return
