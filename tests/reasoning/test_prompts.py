@@ -430,8 +430,8 @@ rollout.max_new_tokens = 8 after them; the longest has 129 tokens"""),
         match=re.escape(
             f"task.max_prompt_length = 100 is invalid with task.train_path = '{tmp_path / 'train.jsonl'}': 1 of its 5 "
             "train prompts is longer; the longest has 121 tokens ('1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+') (valid: "
-            "121 or more, task.filter_overlong_prompts=true to leave them out, or task.truncation=left|right|middle to cut "
-            "them)"
+            "121 or more, task.filter_overlong_prompts=true to leave them out, or task.truncation=left|right|middle "
+            "to cut them)"
         ),
     ):
         check([*_records(6), prompt(121)], "rollout.max_new_tokens=7", "task.max_prompt_length=100")
