@@ -24,9 +24,12 @@ import torch
 
 from rlplace.core.errors import ConfigError
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine, sequence_seed
+from rlplace.reasoning.config import MultiTurnConfig
 from rlplace.reasoning.generation.hf import HFEngine
+from rlplace.reasoning.generation.turns import ToolCalling
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm
 from rlplace.reasoning.models.tokenizer import load_tokenizer
+from rlplace.reasoning.tasks.prompts import Problem
 
 EOS = 2
 PAIRS = [(73, 44), (33, 12), (72, 35), (75, 71), (74, 47), (18, 46), (98, 76), (94, 5)]
@@ -309,3 +312,66 @@ def test_sequence_seeds_differ_per_sample_and_run():
 def test_unknown_backend_is_refused():
     with pytest.raises(ConfigError, match=r"rollout.backend = 'sglang' is invalid: valid: hf, vllm"):
         make_engine("sglang", "unused", "cpu")
+
+
+def looked_up_sum(call: str, extra) -> str:
+    """A tool of the tests (`rollout.multi_turn.tool`): the sum the problem's record holds."""
+    return str(extra["sum"])
+
+
+def _tool_calling(models: TrainedModels, **settings) -> ToolCalling:
+    """The sums model asked "a+b" (no "="): it writes "=" next, the call's end; the tool answers the sum."""
+    defaults = {"tool": f"{__name__}:looked_up_sum", "call_end": "=", "response_template": "{result}"}
+    return ToolCalling(load_tokenizer(models.sums), MultiTurnConfig(**{**defaults, **settings}))
+
+
+def test_a_response_made_in_turns_holds_the_tools_answers_masked(models, engine):
+    """The model's turn ends at its call ("="), the tool's answer follows, marked as the tool's, and the model goes on
+    from there (to EOS: it learnt that the sum comes last); a limit of new tokens counts the tool's tokens too."""
+    tokenizer = load_tokenizer(models.sums)
+    prompts = [p[:-1] for p in models.prompts]  # "a+b"
+    problems = [Problem(f"{a}+{b}", str(a + b), {"sum": a + b}) for a, b in PAIRS]
+    turns = _tool_calling(models).generate(
+        engine, prompts, list(range(16)), problems, max_new_tokens=8, temperature=0.0, seed=0
+    )
+    assert turns.calls == [1] * 16
+    for (a, b), response, mask in zip(PAIRS, turns.responses, turns.tool_masks, strict=True):
+        digits = len(str(a + b))
+        assert tokenizer.decode(response[: 1 + digits]) == f"={a + b}"
+        assert mask[: 1 + digits] == [0] + [1] * digits and not any(mask[1 + digits :])
+    assert sum(r[-1] == EOS and len(r) == 2 + len(str(a + b)) for r, (a, b) in zip(turns.responses, PAIRS)) >= 8
+    cut = _tool_calling(models).generate(
+        engine, prompts, list(range(16)), problems, max_new_tokens=2, temperature=0.0, seed=0
+    )
+    assert cut.responses == [r[:2] for r in turns.responses] and all(m == [0, 1] for m in cut.tool_masks)
+    ended = _tool_calling(models, max_tool_calls=1).generate(
+        engine, prompts, list(range(16)), problems, max_new_tokens=8, temperature=0.0, seed=0
+    )
+    assert ended.responses == turns.responses  # one call was all the model made
+
+
+def test_sampled_turns_are_keyed_per_sequence_not_per_batch(models, engine):
+    prompts, ids = [p[:-1] for p in models.prompts[:8]], list(range(100, 108))
+    problems = [Problem(f"{a}+{b}", str(a + b), {"sum": a + b}) for a, b in PAIRS[:8]]
+    calling = _tool_calling(models)
+
+    def sample(order):
+        turns = calling.generate(
+            engine,
+            [prompts[i] for i in order],
+            [ids[i] for i in order],
+            [problems[i] for i in order],
+            max_new_tokens=8,
+            temperature=1.5,
+            seed=7,
+        )
+        return dict(zip(order, zip(map(tuple, turns.responses), map(tuple, turns.tool_masks), strict=True)))
+
+    batch = sample(range(8))
+    assert sample(range(7, -1, -1)) == batch == {i: sample([i])[i] for i in range(8)}
+    assert any(1 in mask for _, mask in batch.values())
+
+
+def test_a_call_end_of_several_tokens_is_refused(models):
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.call_end = '</tool_call>' is invalid: the model's "):
+        _tool_calling(models, call_end="</tool_call>")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlplace.core.errors import ConfigError
-from rlplace.core.registry import load_file
+from rlplace.core.registry import absolute, load_file
 from rlplace.reasoning.config import RewardConfig
 from rlplace.reasoning.rewards import (
     OVERLONG,
@@ -21,7 +21,6 @@ from rlplace.reasoning.rewards import (
     Decoded,
     OpenRLHFReward,
     RewardFunction,
-    absolute,
     answer_format,
     boxed,
     check_remote_reward,

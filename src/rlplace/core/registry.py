@@ -108,3 +108,11 @@ def load_file(path: str, attribute: str, key: str = "") -> Any:
         return getattr(module, attribute)
     except (ImportError, AttributeError, SyntaxError, OSError) as error:
         raise ConfigError(f"{where} cannot be loaded ({type(error).__name__}: {error})") from None
+
+
+def absolute(spec: str) -> str:
+    """A `path/to/file.py:attribute` spec with the file's path made absolute (against the directory the run starts
+    in), so that every worker loads the same file wherever it runs; other specs (names, `package.module:attribute`)
+    unchanged."""
+    path, colon, name = spec.rpartition(":")
+    return f"{Path(path).expanduser().absolute()}:{name}" if colon and path.endswith(".py") else spec

@@ -1,9 +1,10 @@
 """Token-level advantage estimators for LLM RL (GRPO, REINFORCE++, RLOO, GAE), as pure tensor functions.
 
-Every tensor is [B, T]: B responses, T response tokens, right-padded. `mask` is the response mask (1 for real response
-tokens, the EOS token included; bool or float). The responses to one prompt are contiguous rows, so group g is rows
-[g * group_size, (g + 1) * group_size). Every estimator returns zeros on padding and never reads the values there, so
-whatever a padded position holds changes nothing.
+Every tensor is [B, T]: B responses, T response tokens, right-padded. `mask` is the action mask (1 for the tokens the
+model generated, the EOS token included; bool or float); in a response made in turns it has holes where a tool wrote,
+which the recursions (GAE, returns-to-go) step over, as if the tool's tokens were not there. The responses to one
+prompt are contiguous rows, so group g is rows [g * group_size, (g + 1) * group_size). Every estimator returns zeros
+where the mask is 0 and never reads the values there, so whatever such a position holds changes nothing.
 
 The masked statistics that the losses share (`masked_mean`, `masked_whiten`) live here too.
 """
@@ -104,12 +105,14 @@ def grpo_advantages(rewards: Tensor, mask: Tensor, group_size: int, norm_std: bo
     return centered.reshape(batch, 1) * _float_mask(mask, centered)
 
 
-def _returns_to_go(token_rewards: Tensor, gamma: float) -> Tensor:
-    """G_t = r_t + gamma * G_{t+1} along T, with G = 0 after the last position."""
+def _returns_to_go(token_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """G_t = r_t + gamma * G_{t'} along T, t' the next position in `mask`, with G = 0 after the last one; a position
+    outside the mask carries the G after it."""
+    fmask = _float_mask(mask, token_rewards)
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros_like(token_rewards[:, 0])
     for t in reversed(range(token_rewards.shape[1])):
-        running = token_rewards[:, t] + gamma * running
+        running = (token_rewards[:, t] + gamma * running) * fmask[:, t] + running * (1 - fmask[:, t])
         returns[:, t] = running
     return returns
 
@@ -142,7 +145,7 @@ def reinforce_pp_advantages(
     token_rewards = sequence_rewards_to_tokens(scores, mask)
     if token_kl is not None:
         token_rewards = kl_penalized(token_rewards, token_kl, kl_coef, mask)
-    returns = _returns_to_go(token_rewards, gamma)
+    returns = _returns_to_go(token_rewards, mask, gamma)
     return masked_whiten(returns, mask, eps=eps, sum_over_ranks=sum_over_ranks)
 
 
@@ -169,16 +172,17 @@ def rloo_advantages(
     token_rewards = sequence_rewards_to_tokens((grouped - others).reshape(batch), mask)
     if token_kl is not None:
         token_rewards = kl_penalized(token_rewards, token_kl, kl_coef, mask)
-    return _returns_to_go(token_rewards, gamma) * _float_mask(mask, token_rewards)
+    return _returns_to_go(token_rewards, mask, gamma) * _float_mask(mask, token_rewards)
 
 
 def token_gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
     """GAE (Schulman et al., 2016) over each response's tokens, for PPO with a critic.
 
-    delta_t = r_t + gamma * V_{t+1} - V_t, A_t = delta_t + gamma * lam * A_{t+1}, with V and A taken as 0 after the
-    last valid token (the episode ends at EOS: nothing to bootstrap). Returns (advantages, returns = advantages +
-    values), both zero on padding. The advantages are not whitened: PPO usually whitens them over the batch
-    (`masked_whiten`), while the returns, the critic's target, must stay in reward units.
+    delta_t = r_t + gamma * V_{t'} - V_t, A_t = delta_t + gamma * lam * A_{t'}, t' the next valid token, with V and A
+    taken as 0 after the last one (the episode ends at EOS: nothing to bootstrap); the tokens of a tool in between are
+    stepped over (verl's multi-turn GAE). Returns (advantages, returns = advantages + values), both zero outside the
+    mask. The advantages are not whitened: PPO usually whitens them over the batch (`masked_whiten`), while the
+    returns, the critic's target, must stay in reward units.
     """
     fmask = _float_mask(mask, token_rewards)
     rewards = token_rewards * fmask
@@ -187,8 +191,9 @@ def token_gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float,
     last_gae = torch.zeros_like(rewards[:, 0])
     next_values = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.shape[1])):
-        delta = rewards[:, t] + gamma * next_values - values[:, t]
-        last_gae = (delta + gamma * lam * last_gae) * fmask[:, t]
-        advantages[:, t] = last_gae
-        next_values = values[:, t]
+        valid = fmask[:, t]
+        gae = (rewards[:, t] + gamma * next_values - values[:, t] + gamma * lam * last_gae) * valid
+        advantages[:, t] = gae
+        last_gae = gae + last_gae * (1 - valid)
+        next_values = values[:, t] + next_values * (1 - valid)
     return advantages, (advantages + values) * fmask

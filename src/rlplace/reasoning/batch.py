@@ -48,6 +48,8 @@ class SequenceBatch:
     runner."""
     version: int = 0
     """The weight version that generated it (older than the actor's with runner.max_staleness > 0)."""
+    tool_mask: Tensor | None = None
+    """[B, T] 1 on response tokens a tool wrote (`rollout.multi_turn`); None: the model wrote every one."""
 
     @property
     def input_ids(self) -> Tensor:
@@ -56,6 +58,12 @@ class SequenceBatch:
     @property
     def attention_mask(self) -> Tensor:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def action_mask(self) -> Tensor:
+        """[B, T] 1 on the tokens the model generated: what the policy is trained on and the advantages are over
+        (the response mask less the tools' tokens)."""
+        return self.response_mask if self.tool_mask is None else self.response_mask * (1 - self.tool_mask)
 
     @property
     def num_rows(self) -> int:

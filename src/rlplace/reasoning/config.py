@@ -16,12 +16,14 @@ from typing import ClassVar
 
 from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
+from rlplace.core.registry import absolute
 from rlplace.core.strategies import AUTO, DTYPES, STRATEGIES
 from rlplace.reasoning.algorithms import ALGORITHMS, IMPORTANCE_RATIOS, KL_CONTROLLERS, LOSS_AGGREGATIONS
 from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.models.registry import MODELS
-from rlplace.reasoning.rewards import RewardFunction, absolute, reward_function
+from rlplace.reasoning.rewards import RewardFunction, reward_function
 from rlplace.reasoning.tasks import ArithmeticTaskConfig, DatasetTaskConfig, ReasoningTaskConfig
+from rlplace.reasoning.tools import RESULT, tool_function
 
 FAMILY = "reasoning"
 COMPONENTS = ("rollout", "reward", "inference", "actor")
@@ -33,6 +35,7 @@ __all__ = [
     "GenerationConfig",
     "DatasetTaskConfig",
     "LMConfig",
+    "MultiTurnConfig",
     "PretrainConfig",
     "ReasoningAlgorithmConfig",
     "ReasoningConfig",
@@ -196,6 +199,44 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
 
 
 @dataclass
+class MultiTurnConfig:
+    """Tool calls within a response (verl's `rollout.multi_turn`, `generation.turns`): where the model ends a call with
+    `call_end`, generation pauses, the tool's response goes into the response (the policy is not trained on it) and
+    generation goes on after it, within rollout.max_new_tokens in all."""
+
+    tool: str | None = None
+    """The tool (`rlplace.reasoning.tools.TOOLS`: `calculator`), `package.module:function` or
+    `path/to/file.py:function`: (call, extra) -> the text the model reads; null: responses are one turn."""
+    max_tool_calls: int = 2
+    """Calls per response at most (verl's max_assistant_turns less one); a call beyond them ends the response."""
+    call_start: str = "<tool_call>"
+    """The text before a call: the call is what the turn wrote after its last call_start (all of it without one)."""
+    call_end: str = "</tool_call>"
+    """The text that ends a call, one token of the model's vocabulary (Qwen2.5's `</tool_call>` is), checked before
+    any worker starts."""
+    response_template: str = "<tool_response>{result}</tool_response>"
+    """The text appended after a call, `{result}` replaced by the tool's answer; a chat model's tool turn goes here
+    (e.g. closing the assistant's turn and opening the next)."""
+    max_response_tokens: int = 64
+    """A tool response's tokens at most (verl's max_tool_response_length); longer ones are cut."""
+
+    def __post_init__(self) -> None:
+        if self.tool is not None:
+            tool_function(self.tool)  # refused as written, then a file's path kept absolute for the workers
+            self.tool = absolute(self.tool)
+        check(self.max_tool_calls >= 1, "rollout.multi_turn.max_tool_calls", self.max_tool_calls, "at least 1")
+        check(bool(self.call_end), "rollout.multi_turn.call_end", self.call_end, "a token of the model's vocabulary")
+        check(
+            RESULT in self.response_template,
+            "rollout.multi_turn.response_template",
+            self.response_template,
+            f"a text holding {RESULT}, where the tool's answer goes",
+        )
+        tokens = self.max_response_tokens
+        check(tokens >= 1, "rollout.multi_turn.max_response_tokens", tokens, "at least 1")
+
+
+@dataclass
 class GenerationConfig(ComponentConfig):
     """LLM generation: `hf` (transformers with a KV cache) or `vllm` (vLLM's offline engine)."""
 
@@ -224,6 +265,8 @@ class GenerationConfig(ComponentConfig):
     compile_step: bool = False
     """hf with cuda_graphs: `torch.compile` the decode step before capturing it (fewer, fused kernels, faster than the
     uncompiled graphs), at the cost of a compile per batch-size bucket (benchmarks/gpu_suite.py, generation section)."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Tool calls within a response; off unless multi_turn.tool is set."""
 
     def __post_init__(self) -> None:
         BACKENDS.check(self.backend)

@@ -19,6 +19,7 @@ from rlplace.core.launcher import RunContext
 from rlplace.placement import ComponentPlacement, HybridComponentPlacement
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.generation.backends import BACKENDS
+from rlplace.reasoning.generation.turns import call_end_id
 from rlplace.reasoning.memory import check_memory
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.pretrain import pretrained_model_path
@@ -106,9 +107,12 @@ def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> PromptSource:
     """Refuse, before any worker starts, prompts too long for the model's context (`max_position_embeddings`, the
     engines' limit) with rollout.max_new_tokens on top (`check_prompt_lengths`); or, with
     task.filter_overlong_prompts, say how many of them the run leaves out (`drop_overlong`); with task.truncation,
-    say how many are cut (`count_truncated`). Returns the task's problems, those left out removed."""
+    say how many are cut (`count_truncated`). A tool's call_end must be one token of the model's vocabulary. Returns
+    the task's problems, those left out removed."""
     context = AutoConfig.from_pretrained(model_path).max_position_embeddings
     tokenizer = load_tokenizer(model_path)
+    if cfg.rollout.multi_turn.tool is not None:
+        call_end_id(tokenizer, cfg.rollout.multi_turn)  # the engines stop at it: one token of the vocabulary
     source = make_prompt_source(cfg.task)
     dropped = drop_overlong(source, cfg.task, tokenizer, context, cfg.rollout.max_new_tokens)
     if dropped is None:

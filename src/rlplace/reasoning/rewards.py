@@ -32,7 +32,6 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rlplace.core.errors import ConfigError
@@ -382,13 +381,6 @@ def _callable_as_reward(spec: str, found: Callable[..., Any]) -> Reward | OpenRL
             f"({', '.join(OPENRLHF_PARAMETERS)})"
         ) from None
     return found
-
-
-def absolute(spec: str) -> str:
-    """`spec` with a file's path made absolute (against the directory the run starts in), so that every worker loads
-    the same file wherever it runs; other specs unchanged."""
-    path, colon, name = spec.rpartition(":")
-    return f"{Path(path).expanduser().absolute()}:{name}" if colon and path.endswith(".py") else spec
 
 
 def reward_function(spec: str) -> RewardFunction:

@@ -44,7 +44,7 @@ from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.evaluation import eval_metrics
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.rewards import METRIC_PREFIX
-from rlplace.reasoning.streams import FILTERED_GROUPS, GENERATION_ROUNDS, TRUNCATED
+from rlplace.reasoning.streams import FILTERED_GROUPS, GENERATION_ROUNDS, TOOL_CALLS, TRUNCATED
 from rlplace.scheduler import Channel, GroupFuture, WorkerGroup, wait_all
 
 log = logging.getLogger(__name__)
@@ -188,6 +188,8 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
             metrics[GENERATION_ROUNDS] = advantages[GENERATION_ROUNDS] / self.num_micro_batches
         metrics["rollout/response_length"] = advantages["response_tokens"] / advantages["rows"]
         metrics["rollout/clip_ratio"] = advantages[TRUNCATED] / advantages["rows"]
+        if TOOL_CALLS in advantages:
+            metrics[TOOL_CALLS] = advantages[TOOL_CALLS] / advantages["rows"]
         metrics["rollout/response_tokens"] = advantages["response_tokens"]
         return metrics
 

@@ -12,6 +12,8 @@ FILTERED_GROUPS = "rollout/filtered_groups"
 """algorithm.filter_groups: prompt groups a micro-batch dropped (all rewards equal); a step logs their sum."""
 GENERATION_ROUNDS = "rollout/generation_rounds"
 """algorithm.filter_groups: the generation rounds a micro-batch took; a step logs their mean over micro-batches."""
+TOOL_CALLS = "rollout/tool_calls"
+"""rollout.multi_turn: the tool calls of a micro-batch's responses; a step logs their mean per response."""
 TRUNCATED = "rollout/truncated"
 """Responses of a micro-batch cut at rollout.max_new_tokens before any end token; a step logs their share of its
 responses as `rollout/clip_ratio` (verl's `response_length/clip_ratio`): a high one asks for more new tokens."""

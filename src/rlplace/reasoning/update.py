@@ -74,7 +74,7 @@ def reward_kl(batch: SequenceBatch, alg: ReasoningAlgorithmConfig, sum_over_rank
     rollout policy to the reference, averaged over the step's responses (every rank's with `sum_over_ranks`); and
     how many responses that is. Summed in float64, so that rank counts, which add in other orders, differ far below
     what the float32 rewards resolve."""
-    mask = batch.response_mask.cpu().double()
+    mask = batch.action_mask.cpu().double()
     lengths = mask.sum(-1)
     answered = lengths > 0
     per_response = (_rollout_kl(batch, alg).cpu().double() * mask).sum(-1)[answered] / lengths[answered]
@@ -93,7 +93,7 @@ def estimate_grpo(
     batch: SequenceBatch, alg: ReasoningAlgorithmConfig, values: Tensor | None, _: SumOverRanks
 ) -> Advantages:
     """Group-normalised rewards (a group lies within one rank's rows); GRPO's KL, if any, is a loss term."""
-    return grpo_advantages(batch.rewards, batch.response_mask, alg.group_size, norm_std=alg.norm_adv_by_std), None
+    return grpo_advantages(batch.rewards, batch.action_mask, alg.group_size, norm_std=alg.norm_adv_by_std), None
 
 
 def estimate_rloo(
@@ -103,7 +103,7 @@ def estimate_rloo(
     unless use_kl_loss."""
     token_kl = _rollout_kl(batch, alg) if alg.kl_in_reward else None
     advantages = rloo_advantages(
-        batch.rewards, batch.response_mask, alg.group_size, token_kl, alg.kl_coef, gamma=alg.gamma
+        batch.rewards, batch.action_mask, alg.group_size, token_kl, alg.kl_coef, gamma=alg.gamma
     )
     return advantages, None
 
@@ -130,7 +130,7 @@ def _reinforce_pp(
     token_kl = _rollout_kl(batch, alg) if alg.kl_in_reward else None
     return reinforce_pp_advantages(
         batch.rewards,
-        batch.response_mask,
+        batch.action_mask,
         token_kl,
         alg.kl_coef,
         group_size=group_size,
@@ -146,7 +146,7 @@ def estimate_ppo(
     `values`; the advantages are whitened over the batch, the returns (the critic's target) stay in reward units."""
     if values is None:
         raise ValueError("ppo needs the critic's rollout-time values to compute GAE")
-    mask = batch.response_mask
+    mask = batch.action_mask
     token_rewards = sequence_rewards_to_tokens(batch.rewards.float(), mask)
     if alg.kl_in_reward:
         token_rewards = kl_penalized(token_rewards, _rollout_kl(batch, alg), alg.kl_coef, mask)
@@ -250,7 +250,7 @@ def llm_update(
             alg.behaviour_weight_cap,
         )
 
-    mask = batch.response_mask
+    mask = batch.action_mask
     keys = ["policy_loss", "entropy", "kl", "clip_frac", "approx_kl", "behaviour_weight", "grad_norm"]
     if alg.clip_ratio_c is not None:
         keys.append("clip_frac_lower")
@@ -267,7 +267,11 @@ def llm_update(
     else:
         global_counts = _global_counts(shard, minibatches, mask, max_response_tokens)
         steps = list(zip(shard.split(minibatches), global_counts, strict=True))
-    plans = [plan_micro_batches(rows, batch.prompt_mask, mask, max_tokens_per_micro_batch) for rows, _ in steps]
+    # Passes are cut by the columns the rows span, the tools' tokens included (the action mask has holes there).
+    plans = [
+        plan_micro_batches(rows, batch.prompt_mask, batch.response_mask, max_tokens_per_micro_batch)
+        for rows, _ in steps
+    ]
     if strategy is not None and strategy.collective_passes and shard is not None:
         plans = _in_step(plans, shard)
     # A rank's loss is its part of the global minibatch's; the gradient averaging over ranks divides by their count.
@@ -342,7 +346,7 @@ def _policy_pass(
     input_ids, attention_mask, width = _trimmed_inputs(batch, micro_batch)
     logits = response_logits(policy, input_ids, attention_mask, width)
     device = logits.device
-    row_mask = batch.response_mask[rows, columns].to(device)
+    row_mask = batch.action_mask[rows, columns].to(device)
     logprobs = logprobs_from_logits(logits, input_ids[:, width:].to(device))
     pg_loss, pass_stats = token_policy_loss(
         logprobs,
@@ -387,7 +391,7 @@ def _value_pass(
         values,
         old_values[rows, columns].to(device),
         returns[rows, columns].to(device),
-        batch.response_mask[rows, columns].to(device),
+        batch.action_mask[rows, columns].to(device),
         alg.value_clip,
         counts,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -33,19 +34,22 @@ class GenerationEngine(Protocol):
         prompts: list[list[int]],
         sample_ids: list[int],
         *,
-        max_new_tokens: int,
+        max_new_tokens: int | Sequence[int],
         temperature: float,
         seed: int,
         ignore_eos: bool = False,
         top_p: float = 1.0,
         top_k: int = 0,
+        stop_ids: Sequence[int] = (),
     ) -> list[list[int]]:
         """Each prompt's response token ids (no padding; ending with EOS where it stopped on EOS).
 
-        `prompts` are token ids including BOS. Temperature 0 is greedy decoding. Sampling draws from the `top_k` most
-        likely tokens (0: all) and, of those, the fewest whose probability reaches `top_p`, renormalised. Sampling
-        randomness is keyed by (seed, sample_ids[i]) for sequence i. `ignore_eos` decodes `max_new_tokens` tokens
-        whatever they are (for benchmarks, where every response should have the same length).
+        `prompts` are token ids including BOS. `max_new_tokens` is one limit for every sequence or one per sequence.
+        Temperature 0 is greedy decoding. Sampling draws from the `top_k` most likely tokens (0: all) and, of those,
+        the fewest whose probability reaches `top_p`, renormalised. Sampling randomness is keyed by (seed,
+        sample_ids[i]) for sequence i. A sequence also stops after any of `stop_ids` (a tool call's end token),
+        which ends its response as EOS does. `ignore_eos` decodes `max_new_tokens` tokens whatever they are (for
+        benchmarks, where every response should have the same length).
         """
         ...
 
@@ -92,18 +96,25 @@ def _listed(ids: int | list[int] | None) -> list[int]:
     return [int(i) for i in ids] if isinstance(ids, list | tuple) else [int(ids)]
 
 
-def check_lengths(prompts: list[list[int]], sample_ids: list[int], max_new_tokens: int, max_model_len: int) -> None:
-    """Refuse a request either backend could not serve whole, naming the sequence, before any work is done."""
+def check_lengths(
+    prompts: list[list[int]], sample_ids: list[int], max_new_tokens: int | Sequence[int], max_model_len: int
+) -> list[int]:
+    """Refuse a request either backend could not serve whole, naming the sequence, before any work is done; returns
+    each sequence's limit of new tokens."""
     if len(prompts) != len(sample_ids):
         raise ValueError(f"{len(prompts)} prompts but {len(sample_ids)} sample ids")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens = {max_new_tokens} is invalid: at least 1")
-    for prompt, sample_id in zip(prompts, sample_ids, strict=True):
-        if not prompt or len(prompt) + max_new_tokens > max_model_len:
+    limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(limits) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(limits)} limits of new tokens")
+    for prompt, sample_id, limit in zip(prompts, sample_ids, limits, strict=True):
+        if limit < 1:
+            raise ValueError(f"sample {sample_id}: max_new_tokens = {limit} is invalid: at least 1")
+        if not prompt or len(prompt) + limit > max_model_len:
             raise ValueError(
-                f"sample {sample_id}: prompt of {len(prompt)} tokens plus max_new_tokens = {max_new_tokens} does not "
+                f"sample {sample_id}: prompt of {len(prompt)} tokens plus max_new_tokens = {limit} does not "
                 f"fit max_model_len = {max_model_len}"
             )
+    return limits
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ one per bucket of (rows, cache length), kept until `sleep` frees the device memo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -60,15 +61,18 @@ class HFEngine:
         prompts: list[list[int]],
         sample_ids: list[int],
         *,
-        max_new_tokens: int,
+        max_new_tokens: int | Sequence[int],
         temperature: float,
         seed: int,
         ignore_eos: bool = False,
         top_p: float = 1.0,
         top_k: int = 0,
+        stop_ids: Sequence[int] = (),
     ) -> list[list[int]]:
-        """See `GenerationEngine.generate`. Prompts are left-padded; positions count real tokens only."""
-        check_lengths(prompts, sample_ids, max_new_tokens, self.max_model_len)
+        """See `GenerationEngine.generate`. Prompts are left-padded; positions count real tokens only. Rows decode
+        together up to the largest limit; each is cut to its own."""
+        limits = check_lengths(prompts, sample_ids, max_new_tokens, self.max_model_len)
+        max_new_tokens = max(limits)
         rows, width = len(prompts), max(len(p) for p in prompts)
         input_ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         mask = torch.zeros(rows, width, dtype=torch.long)
@@ -81,20 +85,24 @@ class HFEngine:
         decoder = self._decoder(rows, width + max_new_tokens)
         logits = decoder.prefill(input_ids.to(self.device), mask.to(self.device))
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
-        eos = torch.tensor(self.eos_ids, device=self.device)
+        stops = torch.tensor([*self.eos_ids, *stop_ids], device=self.device)
+        last = torch.tensor(limits, device=self.device) - 1  # each row's last step
+        may_end_early = not ignore_eos or min(limits) < max_new_tokens
         tokens = []
         for step in range(max_new_tokens):
             token = pick(logits, temperature, None if uniforms is None else uniforms[:, step], top_p, top_k)
             token = token.masked_fill(done, self.pad_id)
             tokens.append(token)
             if not ignore_eos:
-                done |= torch.isin(token, eos)
+                done |= torch.isin(token, stops)
+            done |= last == step
             if step == max_new_tokens - 1:
                 break
-            if not ignore_eos and step % DONE_CHECK_INTERVAL == DONE_CHECK_INTERVAL - 1 and bool(done.all()):
+            if may_end_early and step % DONE_CHECK_INTERVAL == DONE_CHECK_INTERVAL - 1 and bool(done.all()):
                 break
             logits = decoder.step(token)
-        return self._responses(torch.stack(tokens, dim=1).cpu(), ignore_eos)
+        grid = torch.stack(tokens, dim=1).cpu().tolist()
+        return self._responses([row[:limit] for row, limit in zip(grid, limits, strict=True)], ignore_eos, stop_ids)
 
     def _decoder(self, rows: int, tokens: int) -> Decoder:
         if self.decoding == "dynamic":
@@ -109,11 +117,12 @@ class HFEngine:
             )
         return self._static[key]
 
-    def _responses(self, tokens: Tensor, ignore_eos: bool) -> list[list[int]]:
-        """Rows of the [B, T] token grid cut after their first EOS (the padding after it is not generated)."""
+    def _responses(self, rows: list[list[int]], ignore_eos: bool, stop_ids: Sequence[int]) -> list[list[int]]:
+        """Rows of the token grid cut after their first EOS or stop id (the padding after it is not generated)."""
+        ends = set() if ignore_eos else {*self.eos_ids, *stop_ids}
         out = []
-        for row in tokens.tolist():
-            stops = [] if ignore_eos else [t for t, token in enumerate(row) if token in self.eos_ids]
+        for row in rows:
+            stops = [t for t, token in enumerate(row) if token in ends]
             out.append(row[: stops[0] + 1] if stops else row)
         return out
 

@@ -21,7 +21,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -119,30 +119,31 @@ class VLLMEngine:
         prompts: list[list[int]],
         sample_ids: list[int],
         *,
-        max_new_tokens: int,
+        max_new_tokens: int | Sequence[int],
         temperature: float,
         seed: int,
         ignore_eos: bool = False,
         top_p: float = 1.0,
         top_k: int = 0,
+        stop_ids: Sequence[int] = (),
     ) -> list[list[int]]:
         """See `GenerationEngine.generate`; vLLM schedules the requests (continuous batching) as it sees fit."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        check_lengths(prompts, sample_ids, max_new_tokens, self.max_model_len)
+        limits = check_lengths(prompts, sample_ids, max_new_tokens, self.max_model_len)
         params = [
             SamplingParams(
                 temperature=temperature,
                 top_p=top_p,
                 top_k=top_k,
-                max_tokens=max_new_tokens,
+                max_tokens=limit,
                 seed=sequence_seed(seed, sample_id) if temperature > 0 else None,
-                stop_token_ids=None if ignore_eos else self.eos_ids,
+                stop_token_ids=None if ignore_eos else [*self.eos_ids, *stop_ids],
                 ignore_eos=ignore_eos,
                 detokenize=False,
             )
-            for sample_id in sample_ids
+            for sample_id, limit in zip(sample_ids, limits, strict=True)
         ]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         return [list(out.outputs[0].token_ids) for out in outputs]

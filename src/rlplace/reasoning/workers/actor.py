@@ -124,7 +124,7 @@ class LLMActorWorker(Worker):
         parts = [inbox.get(key=f"actor{self.rank}") for _ in mine]
         self.pending.append(parts)
         return {
-            "response_tokens": float(sum(part.response_mask.sum() for part in parts)),
+            "response_tokens": float(sum(part.action_mask.sum() for part in parts)),
             "generate_seconds": sum(part.meta["generate_seconds"] for part in parts),
         }
 
@@ -157,7 +157,7 @@ class LLMActorWorker(Worker):
         return {
             "rows": float(batch.num_rows),
             "reward_sum": float(batch.rewards.sum()),
-            "response_tokens": float(batch.response_mask.sum()),
+            "response_tokens": float(batch.action_mask.sum()),
             **{name: total for name, total in batch.meta.items() if name.startswith((METRIC_PREFIX, "rollout/"))},
         }
 

@@ -10,6 +10,7 @@ collocated actor trains.
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
 from transformers import AutoConfig
@@ -19,11 +20,13 @@ from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.evaluation import Answered, sample_ids
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
+from rlplace.reasoning.generation.turns import ToolCalling
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import SCORE
 from rlplace.reasoning.streams import (
     FILTERED_GROUPS,
     GENERATION_ROUNDS,
+    TOOL_CALLS,
     TRUNCATED,
     consumer_key,
     micro_batches_of,
@@ -48,6 +51,8 @@ class LLMRolloutWorker(Worker):
         context = AutoConfig.from_pretrained(model_path).max_position_embeddings
         drop_overlong(self.source, cfg.task, self.tokenizer, context, cfg.rollout.max_new_tokens)  # as the driver did
         self.reward = cfg.reward_function()
+        multi_turn = cfg.rollout.multi_turn
+        self.tool_calling = None if multi_turn.tool is None else ToolCalling(self.tokenizer, multi_turn)
         self.version = 0
         """The initial weights are the model folder's, as the actor's are: version 0."""
 
@@ -100,20 +105,27 @@ class LLMRolloutWorker(Worker):
             base = (step * task.prompts_per_step + first) * group
             if round_:  # ids of their own, above those of the first round of every step
                 base += (1 << 40) * round_
-            ids, responses = self._tokens(rows, [base + i for i in range(len(rows))], self.cfg.rollout.temperature)
-            samples = list(zip(ids, responses, rows, strict=True))
+            made = self._tokens(rows, [base + i for i in range(len(rows))], self.cfg.rollout.temperature)
+            samples = list(zip(made.prompts, made.responses, rows, made.tool_masks, made.calls, strict=True))
             if not alg.filter_groups:
                 kept = samples
                 break
-            scores = [s[SCORE] for s in self.reward.scores(rows, self.reward.decode(self.tokenizer, ids, responses))]
+            decoded = self.reward.decode(self.tokenizer, made.prompts, made.responses)
+            scores = [s[SCORE] for s in self.reward.scores(rows, decoded)]
             for g in range(size):
                 same = len(set(scores[g * group : (g + 1) * group])) == 1
                 (dropped if same else kept).extend(samples[g * group : (g + 1) * group])
             if len(kept) >= size * group:
                 break
         samples = (kept + dropped)[: size * group]
-        batch = pack(index, *map(list, zip(*samples, strict=True)), self.cfg.rollout.max_new_tokens)
-        batch.meta[TRUNCATED] = float(sum(self._truncated(response) for _, response, _ in samples))
+        prompts, responses, problems, tool_masks, calls = map(list, zip(*samples, strict=True))
+        multi_turn = self.tool_calling is not None
+        batch = pack(
+            index, prompts, responses, problems, self.cfg.rollout.max_new_tokens, tool_masks if multi_turn else None
+        )
+        batch.meta[TRUNCATED] = float(sum(self._truncated(response) for response in responses))
+        if multi_turn:
+            batch.meta[TOOL_CALLS] = float(sum(calls))
         if alg.filter_groups:
             batch.meta[FILTERED_GROUPS] = float(len(dropped) // group)
             batch.meta[GENERATION_ROUNDS] = float(round_ + 1)
@@ -124,21 +136,24 @@ class LLMRolloutWorker(Worker):
         return len(response) == self.cfg.rollout.max_new_tokens and response[-1] not in self.engine.eos_ids
 
     @torch.no_grad()
-    def _tokens(
-        self, problems: list[Problem], sample_ids: list[int], temperature: float
-    ) -> tuple[list[list[int]], list[list[int]]]:
-        """The prompts' token ids and the engine's response to each."""
+    def _tokens(self, problems: list[Problem], sample_ids: list[int], temperature: float) -> Generated:
+        """The prompts' token ids and the response to each: the engine's, or made in turns with a tool
+        (`rollout.multi_turn`)."""
         prompts = encode_prompts(self.tokenizer, problems, self.cfg.task)
-        responses = self.engine.generate(
-            prompts,
-            sample_ids,
-            max_new_tokens=self.cfg.rollout.max_new_tokens,
-            temperature=temperature,
-            seed=self.cfg.runner.seed,
-            top_p=self.cfg.rollout.top_p,
-            top_k=self.cfg.rollout.top_k,
+        rollout = self.cfg.rollout
+        sampling = {
+            "temperature": temperature,
+            "seed": self.cfg.runner.seed,
+            "top_p": rollout.top_p,
+            "top_k": rollout.top_k,
+        }
+        if self.tool_calling is None:
+            responses = self.engine.generate(prompts, sample_ids, max_new_tokens=rollout.max_new_tokens, **sampling)
+            return Generated(prompts, responses, [[] for _ in responses], [0] * len(responses))
+        turns = self.tool_calling.generate(
+            self.engine, prompts, sample_ids, problems, max_new_tokens=rollout.max_new_tokens, **sampling
         )
-        return prompts, responses
+        return Generated(prompts, turns.responses, turns.tool_masks, turns.calls)
 
     @timer("evaluate")
     def evaluate(self) -> list[Answered]:
@@ -155,10 +170,9 @@ class LLMRolloutWorker(Worker):
         for first in range(0, len(rows), per_call):
             part = rows[first : first + per_call]
             chunk = [problems[i] for i, _ in part]
-            prompts, responses = self._tokens(chunk, [key for _, key in part], rollout.eval_temperature)
-            scores += [
-                s[SCORE] for s in self.reward.scores(chunk, self.reward.decode(self.tokenizer, prompts, responses))
-            ]
+            made = self._tokens(chunk, [key for _, key in part], rollout.eval_temperature)
+            decoded = self.reward.decode(self.tokenizer, made.prompts, made.responses)
+            scores += [s[SCORE] for s in self.reward.scores(chunk, decoded)]
         answered = []
         for n, i in enumerate(mine):
             source = problems[i].extra.get("data_source")
@@ -176,20 +190,40 @@ class LLMRolloutWorker(Worker):
         self.engine.wake_up()
 
 
+class Generated(NamedTuple):
+    """A batch's prompts and responses as token ids."""
+
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    tool_masks: list[list[int]]
+    """Per response, 1 where a tool wrote (`rollout.multi_turn`); empty lists for responses made in one turn."""
+    calls: list[int]
+    """Tool calls per response."""
+
+
 def pack(
-    index: int, prompts: list[list[int]], responses: list[list[int]], problems: list[Problem], width: int
+    index: int,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    problems: list[Problem],
+    width: int,
+    tool_masks: list[list[int]] | None = None,
 ) -> SequenceBatch:
-    """Prompts left-padded to their longest, responses right-padded to `width` (pad id 0), with their masks."""
+    """Prompts left-padded to their longest, responses right-padded to `width` (pad id 0), with their masks (and
+    the tools' tokens' mask, for responses made in turns)."""
     prompt_width = max(len(p) for p in prompts)
     rows = len(prompts)
     prompt_ids = torch.zeros(rows, prompt_width, dtype=torch.long)
     prompt_mask = torch.zeros(rows, prompt_width, dtype=torch.long)
     response_ids = torch.zeros(rows, width, dtype=torch.long)
     response_mask = torch.zeros(rows, width, dtype=torch.long)
+    tool_mask = None if tool_masks is None else torch.zeros(rows, width, dtype=torch.long)
     for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
         prompt_ids[i, prompt_width - len(prompt) :] = torch.tensor(prompt)
         prompt_mask[i, prompt_width - len(prompt) :] = 1
         response = response[:width]
         response_ids[i, : len(response)] = torch.tensor(response, dtype=torch.long)
         response_mask[i, : len(response)] = 1
-    return SequenceBatch(index, prompt_ids, prompt_mask, response_ids, response_mask, problems)
+        if tool_mask is not None and tool_masks is not None:
+            tool_mask[i, : len(response)] = torch.tensor(tool_masks[i][:width], dtype=torch.long)
+    return SequenceBatch(index, prompt_ids, prompt_mask, response_ids, response_mask, problems, tool_mask=tool_mask)
