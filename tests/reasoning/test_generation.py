@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from rlplace.core.errors import ConfigError
-from rlplace.reasoning.generation.engine import EngineOptions, make_engine, sequence_seed
 from rlplace.reasoning.config import MultiTurnConfig
+from rlplace.reasoning.generation.engine import EngineOptions, make_engine, sequence_seed
 from rlplace.reasoning.generation.hf import HFEngine
 from rlplace.reasoning.generation.turns import ToolCalling
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm
@@ -339,7 +339,8 @@ def test_a_response_made_in_turns_holds_the_tools_answers_masked(models, engine)
         digits = len(str(a + b))
         assert tokenizer.decode(response[: 1 + digits]) == f"={a + b}"
         assert mask[: 1 + digits] == [0] + [1] * digits and not any(mask[1 + digits :])
-    assert sum(r[-1] == EOS and len(r) == 2 + len(str(a + b)) for r, (a, b) in zip(turns.responses, PAIRS)) >= 8
+    ended = [r[-1] == EOS and len(r) == 2 + len(str(a + b)) for r, (a, b) in zip(turns.responses, PAIRS, strict=True)]
+    assert sum(ended) >= 8
     cut = _tool_calling(models).generate(
         engine, prompts, list(range(16)), problems, max_new_tokens=2, temperature=0.0, seed=0
     )
@@ -365,7 +366,8 @@ def test_sampled_turns_are_keyed_per_sequence_not_per_batch(models, engine):
             temperature=1.5,
             seed=7,
         )
-        return dict(zip(order, zip(map(tuple, turns.responses), map(tuple, turns.tool_masks), strict=True)))
+        made = zip(map(tuple, turns.responses), map(tuple, turns.tool_masks), strict=True)
+        return dict(zip(order, made, strict=True))
 
     batch = sample(range(8))
     assert sample(range(7, -1, -1)) == batch == {i: sample([i])[i] for i in range(8)}
