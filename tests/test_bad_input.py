@@ -306,6 +306,11 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
         [*REASONING, "reward.overlong_buffer=99"],
         "reward.overlong_buffer = 99 is invalid: at most rollout.max_new_tokens = 8",
     ),
+    "tool": (
+        "rlplace-plan",
+        [*REASONING, "rollout.multi_turn.tool=calc"],
+        "rollout.multi_turn.tool = 'calc' is invalid",
+    ),
     "top p": ("rlplace-plan", [*REASONING, "rollout.top_p=0"], "rollout.top_p = 0.0 is invalid: in (0, 1]"),
     "sampled greedy evaluation": ("rlplace-train", [*REASONING, "rollout.eval_samples=4"], "rollout.eval_samples = 4"),
     "data pattern": ("rlplace-train", [*DATASET, "task.train_path=/no/*.jsonl"], "'/no/*.jsonl' is invalid: no file"),

@@ -176,6 +176,41 @@ def test_padding_changes_nothing() -> None:
     assert not rpp[~mask].any() and not grpo_advantages(rewards, mask, 2)[~mask].any()
 
 
+def test_a_tools_tokens_are_stepped_over_as_if_they_were_not_there() -> None:
+    """A response made in turns has holes in its action mask where a tool wrote (`rollout.multi_turn`): GAE and the
+    discounted returns over it equal those over the model's tokens alone, put back in their columns (verl's
+    multi-turn GAE), whatever the holes hold; PPO's returns then are the critic's target on the model's tokens only."""
+    generator = torch.Generator().manual_seed(2)
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0], [1, 0, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0], [0, 1, 1, 0, 1, 1, 1]])
+    rewards = torch.randn(4, generator=generator, dtype=torch.float64)
+    token_rewards, values, token_kl = torch.randn(3, 4, 7, generator=generator, dtype=torch.float64)
+    noise = torch.randn(3, 4, 7, generator=generator, dtype=torch.float64) * 100 * (1 - mask)
+
+    def compact(x: torch.Tensor, row: int) -> torch.Tensor:  # the row's model tokens, left-aligned and padded
+        kept = x[row][mask[row].bool()]
+        return torch.nn.functional.pad(kept, (0, 7 - kept.numel()))
+
+    def dense(f, *tensors: torch.Tensor) -> torch.Tensor:  # f over the compacted rows, put back in their columns
+        lengths = mask.sum(-1)
+        compacted = [torch.stack([compact(t, row) for row in range(4)]) for t in tensors]
+        out = f(*compacted, _mask(lengths.tolist(), 7))
+        back = torch.zeros_like(out)
+        for row in range(4):
+            back[row][mask[row].bool()] = out[row, : int(lengths[row])]
+        return back
+
+    advantages, returns = token_gae(token_rewards + noise[0], values + noise[1], mask, 0.9, 0.8)
+    torch.testing.assert_close(
+        advantages, dense(lambda r, v, m: token_gae(r, v, m, 0.9, 0.8)[0], token_rewards, values)
+    )
+    torch.testing.assert_close(returns, dense(lambda r, v, m: token_gae(r, v, m, 0.9, 0.8)[1], token_rewards, values))
+    for algorithm in (
+        lambda kl, m: reinforce_pp_advantages(rewards, m, kl, 0.1, group_size=2, gamma=0.9),
+        lambda kl, m: rloo_advantages(rewards, m, 2, kl, 0.1, gamma=0.9),
+    ):
+        torch.testing.assert_close(algorithm(token_kl + noise[2], mask), dense(algorithm, token_kl))
+
+
 def test_group_size_must_divide_batch() -> None:
     with pytest.raises(ValueError, match="group_size = 3 .*batch size \\(4\\)"):
         grpo_advantages(torch.ones(4), torch.ones(4, 2), group_size=3)

@@ -339,8 +339,10 @@ def test_a_response_made_in_turns_holds_the_tools_answers_masked(models, engine)
         digits = len(str(a + b))
         assert tokenizer.decode(response[: 1 + digits]) == f"={a + b}"
         assert mask[: 1 + digits] == [0] + [1] * digits and not any(mask[1 + digits :])
-    ended = [r[-1] == EOS and len(r) == 2 + len(str(a + b)) for r, (a, b) in zip(turns.responses, PAIRS, strict=True)]
-    assert sum(ended) >= 8
+    finished = [
+        r[-1] == EOS and len(r) == 2 + len(str(a + b)) for r, (a, b) in zip(turns.responses, PAIRS, strict=True)
+    ]
+    assert sum(finished) >= 8
     cut = _tool_calling(models).generate(
         engine, prompts, list(range(16)), problems, max_new_tokens=2, temperature=0.0, seed=0
     )

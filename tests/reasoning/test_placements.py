@@ -1,11 +1,12 @@
 """The reasoning placements give the same metrics: `sweep=reasoning_placements` on tiny settings, one step off, with
-dynamic sampling, Dr. GRPO's loss, a sharded actor and token-budget micro-batches, as a user runs it (a module of its
-own, so that it runs beside the embodied sweeps of tests/test_report.py rather than after them).
+dynamic sampling, Dr. GRPO's loss, a sharded actor, token-budget micro-batches and tool calls, as a user runs it (a
+module of its own, so that it runs beside the embodied sweeps of tests/test_report.py rather than after them).
 
-The sweep's disaggregated and hybrid jobs run: they train the sharded policy on 1 and 2 actor ranks, and the hybrid
-job offloads its rollout while inference scores. The collocated job (4 components on each of 4 devices: 16 worker
-processes, more than the other two together) is left out; collocated runs are compared with other placements in
-tests/reasoning/test_runner.py."""
+Responses are made in turns with a tool (`rollout.multi_turn`), so they hold the tool's tokens, which the update
+reads as context and does not train on. The sweep's disaggregated and hybrid jobs run: they train the sharded policy
+on 1 and 2 actor ranks, and the hybrid job offloads its rollout while inference scores. The collocated job (4
+components on each of 4 devices: 16 worker processes, more than the other two together) is left out; collocated runs
+are compared with other placements in tests/reasoning/test_runner.py."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ REASONING = [  # sweep=reasoning_placements on the tiny settings, one step off o
     "actor.max_tokens_per_micro_batch=48",  # 3-5 rows a pass: ranks run unequal pass counts, padded to the most
     "rollout.eval_samples=2",  # sampled evaluation, answered by 1 rollout rank (disaggregated) and by 2 (hybrid)
     "rollout.eval_temperature=1.0",
+    "rollout.multi_turn.tool=calculator",  # responses made in turns, the tool's tokens masked out of the update:
+    "rollout.multi_turn.call_end=1",  # a call ends at a digit the tiny model writes often; the tool's answer (an
+    "rollout.multi_turn.max_response_tokens=2",  # error, cut to 2 tokens) goes in and the model writes on after it
 ]
 REASONING_COMPARED = (
     "rollout/filtered_groups",
@@ -51,6 +55,7 @@ REASONING_COMPARED = (
     "rollout/reward",
     "rollout/response_length",
     "rollout/clip_ratio",
+    "rollout/tool_calls",
     "eval/accuracy",
     "eval/best@2",
 )
@@ -73,3 +78,4 @@ def test_the_reasoning_placements_give_the_same_metrics(tmp_path: Path) -> None:
         for step in range(2):
             for key in REASONING_COMPARED:
                 assert rows[step][key] == pytest.approx(jobs[0][step][key], rel=1e-5, abs=1e-6), (step, key)
+    assert all(0 < row["rollout/tool_calls"] < 2 for row in jobs[0])

@@ -525,6 +525,18 @@ def test_overlong_prompts_are_cut_when_the_task_truncates_them(
         DatasetTaskConfig(train_path=train, truncation="start", max_prompt_length=100)
 
 
+def test_a_tool_call_end_the_tokenizer_splits_is_refused_before_any_worker_starts(tmp_path: Path, model_path: Path):
+    """The engines stop at rollout.multi_turn.call_end: one token of the vocabulary (the tiny LM's are characters)."""
+    from rlplace.cli import compose_run
+    from rlplace.families import resolve
+    from rlplace.reasoning.launch import check_prompts_fit
+
+    data = ["experiment=arithmetic_grpo", f"model.path={model_path}", "rollout.multi_turn.tool=calculator"]
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.call_end = '</tool_call>' is invalid: the model's"):
+        check_prompts_fit(resolve(compose_run(data)).cfg, model_path)
+    check_prompts_fit(resolve(compose_run([*data, "rollout.multi_turn.call_end='='"])).cfg, model_path)
+
+
 def test_max_epochs_sets_the_steps_of_that_many_passes_over_the_training_records() -> None:
     """verl's total_epochs, RLinf's max_epochs: the shipped word problems' training split, 16 prompts a step."""
     import math

@@ -513,3 +513,33 @@ def test_token_budget_micro_batches_train_the_same_update(folder, params):
         budget_weights, budget_stats = _train(folder, params, 2, stale=True, max_tokens=budget)
         torch.testing.assert_close(budget_weights, weights, rtol=1e-5, atol=1e-6)
         assert budget_stats == pytest.approx(stats, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("max_tokens", [None, 12])
+def test_a_tools_tokens_are_read_as_context_and_never_trained_on(folder, max_tokens):
+    """A response made in turns (`rollout.multi_turn`): the second token of each 3-token response is the tool's. Its
+    log-probs and advantages change nothing, in one pass or in token-budget passes cut by the columns the responses
+    span; the update differs from the one that trains on that token."""
+
+    def update(batch: SequenceBatch, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        policy = load_causal_lm(folder)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
+        advantages, _ = compute_advantages(batch, GRPO)
+        if noise is not None:
+            advantages = advantages + noise
+        generator = torch.Generator().manual_seed(0)
+        stats = llm_update(policy, optimizer, batch, advantages, GRPO, generator, max_tokens_per_micro_batch=max_tokens)
+        return _flat(policy), stats
+
+    batch = _batch(folder, load_causal_lm(folder))
+    trained_on_all = update(batch)
+    tool = torch.zeros_like(batch.response_mask)
+    tool[batch.response_mask.sum(-1) == 3, 1] = 1
+    batch.tool_mask = tool
+    weights, stats = update(batch)
+    noise = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(1)) * 5 * tool
+    batch.old_logprobs = batch.old_logprobs + noise
+    noisy_weights, noisy_stats = update(batch, noise)
+    torch.testing.assert_close(noisy_weights, weights)
+    assert noisy_stats == pytest.approx(stats)
+    assert not torch.allclose(weights, trained_on_all[0])

@@ -10,6 +10,7 @@ anything starts; a rollout rank loads the function where it generates.
 from __future__ import annotations
 
 import ast
+import json
 import math
 import operator
 from collections.abc import Callable, Mapping
@@ -42,10 +43,11 @@ MAX_EXPONENT = 64
 def calculator(call: str, extra: Mapping[str, Any]) -> str:
     """The value of an arithmetic expression (numbers, `+ - * / // % **`, parentheses, signs; `x` and `×` read as
     `*`, thousands separators dropped), evaluated on its syntax tree, never by `eval`: the tool an arithmetic or
-    GSM8K policy learns to call rather than computing in its head. A whole value prints without a decimal point, any
-    other rounded to 6 decimals. What cannot be evaluated answers `error: ...`, which the model reads as it would any
-    response."""
-    text = call.strip().replace("×", "*").replace("x", "*").replace(",", "")
+    GSM8K policy learns to call rather than computing in its head. The call is the expression, or a JSON call as
+    Qwen2.5's and Hermes' chat templates write them (`{"name": "calculator", "arguments": {"expression": "3*4"}}`:
+    the `expression` argument, or the only one). A whole value prints without a decimal point, any other rounded to
+    6 decimals. What cannot be evaluated answers `error: ...`, which the model reads as it would any response."""
+    text = _expression(call).strip().replace("×", "*").replace("x", "*").replace(",", "")
     try:
         value = _evaluate(ast.parse(text, mode="eval").body)
     except (SyntaxError, ValueError, ArithmeticError, RecursionError) as error:
@@ -53,6 +55,20 @@ def calculator(call: str, extra: Mapping[str, Any]) -> str:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return str(value) if isinstance(value, int) else f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+def _expression(call: str) -> str:
+    """The expression of a call: the text itself, or a JSON call's `expression` argument (or its only one)."""
+    try:
+        parsed = json.loads(call)
+    except ValueError:
+        return call
+    arguments = parsed.get("arguments", parsed) if isinstance(parsed, dict) else None
+    if not isinstance(arguments, dict):
+        return call
+    if "expression" in arguments:
+        return str(arguments["expression"])
+    return str(next(iter(arguments.values()))) if len(arguments) == 1 else call
 
 
 def _evaluate(node: ast.expr) -> int | float:

@@ -1,0 +1,60 @@
+"""The tools a response may call (`rollout.multi_turn.tool`): the calculator, and how a tool is named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlplace.core.errors import ConfigError
+from rlplace.reasoning.config import MultiTurnConfig
+from rlplace.reasoning.tools import TOOLS, calculator, tool_function
+
+
+@pytest.mark.parametrize(
+    ("call", "answer"),
+    [
+        ("37+45", "82"),
+        (" (3 + 4) * 5 ", "35"),
+        ("7/2", "3.5"),
+        ("2/3", "0.666667"),
+        ("1,234 x 2", "2468"),
+        ("-3 - -2", "-1"),
+        ("2**10", "1024"),
+        ('{"name": "calculator", "arguments": {"expression": "3*4"}}', "12"),  # Qwen2.5's and Hermes' call format
+        ('{"arguments": {"x": "9-10"}}', "-1"),
+    ],
+)
+def test_the_calculator_evaluates_arithmetic(call: str, answer: str) -> None:
+    assert calculator(call, {}) == answer
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        ("1/0", "error: division by zero"),
+        ("9**9**9", "error: exponent 387420489 is above 64"),
+        ("__import__('os')", "error: \"__import__('os')\" is not arithmetic"),
+        ("", "error: "),
+    ],
+)
+def test_the_calculator_answers_what_it_cannot_evaluate_with_an_error(call: str, error: str) -> None:
+    assert calculator(call, {}).startswith(error)
+
+
+def shouted(call: str, extra) -> str:
+    return call.upper()
+
+
+def test_a_tool_is_a_registered_name_a_module_function_or_a_file_function(tmp_path: Path) -> None:
+    assert tool_function("calculator") is TOOLS["calculator"]
+    assert tool_function(f"{__name__}:shouted")("ok", {}) == "OK"
+    file = tmp_path / "my_tools.py"
+    file.write_text("def lookup(call, extra):\n    return extra['table'][call]\n")
+    assert tool_function(f"{file}:lookup")("a", {"table": {"a": "1"}}) == "1"
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.tool = 'calc' is invalid: valid: calculator, package"):
+        MultiTurnConfig(tool="calc")
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.tool = '.*missing.py:lookup' cannot be loaded"):
+        MultiTurnConfig(tool=str(tmp_path / "missing.py:lookup"))
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.response_template = 'no answer' is invalid: a text "):
+        MultiTurnConfig(tool="calculator", response_template="no answer")
