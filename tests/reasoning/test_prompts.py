@@ -506,18 +506,17 @@ def test_overlong_prompts_are_cut_when_the_task_truncates_them(
     tokenizer = load_tokenizer(model_path)
     problem = Problem(long, "60")
     (whole,) = render_prompts(tokenizer, [problem], DatasetTaskConfig(train_path=train))
+    plan = resolve(compose_run([*data, "task.truncation=left"]))
+    with caplog.at_level(logging.INFO):
+        source = check_prompts_fit(plan.cfg, model_path)
+    assert (
+        "task.truncation = left: 1 training and 0 held-out prompts are longer than task.max_prompt_length = 100 tokens "
+        "and are cut to it" in caplog.text
+    )
+    assert source.num_train == 5  # none left out
+    assert cache_config(plan.cfg)["task"]["truncation"] == "left"
     for side, kept in (("left", whole[-100:]), ("right", whole[:100]), ("middle", whole[:50] + whole[-50:])):
-        plan = resolve(compose_run([*data, f"task.truncation={side}"]))
-        caplog.clear()
-        with caplog.at_level(logging.INFO):
-            source = check_prompts_fit(plan.cfg, model_path)
-        assert (
-            f"task.truncation = {side}: 1 training and 0 held-out prompts are longer than task.max_prompt_length = "
-            "100 tokens and are cut to it" in caplog.text
-        )
-        assert source.num_train == 5  # none left out
-        assert encode_prompts(tokenizer, [problem], plan.cfg.task) == [kept]
-        assert cache_config(plan.cfg)["task"]["truncation"] == side
+        assert encode_prompts(tokenizer, [problem], replace(plan.cfg.task, truncation=side)) == [kept]
     assert "truncation" not in cache_config(resolve(compose_run(data)).cfg)["task"]  # keys made before it stay valid
     with pytest.raises(ConfigError, match=r"task.truncation = 'left' is invalid: error while task.max_prompt_length"):
         DatasetTaskConfig(train_path=train, truncation="left")
