@@ -7,6 +7,7 @@ subprocess case shows the CLI turning a refusal into exit code 2 and one line on
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -121,3 +122,19 @@ def test_compose_error_description_is_one_line(compose_cfg) -> None:
         compose_cfg("cluster.num_nodes=x")
     description = describe_compose_error(info.value)
     assert "cluster.num_nodes=x" in description and "\n" not in description
+
+
+def test_a_module_of_the_start_directory_is_importable_by_name(tmp_path, monkeypatch) -> None:
+    """`reward.function=my_rewards:graded` run from the folder holding my_rewards.py: a console script, unlike
+    `python -m`, does not put that folder on sys.path, so the commands do (and on PYTHONPATH, for the workers)."""
+    from rlplace.cli import import_from_start_directory
+    from rlplace.reasoning.rewards import reward_function
+
+    (tmp_path / "start_dir_rewards.py").write_text("def graded(prompt, response, answer, extra):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    import_from_start_directory()
+    assert reward_function("start_dir_rewards:graded")("1+1=", "2", "2", {}) == {"score": 1.0}
+    assert os.environ["PYTHONPATH"] == f"{tmp_path}{os.pathsep}/elsewhere"
+    sys.modules.pop("start_dir_rewards")

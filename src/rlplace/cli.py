@@ -32,6 +32,19 @@ from rlplace.placement import PlacementError
 EXIT_BAD_CONFIG = 2
 
 
+def import_from_start_directory() -> None:
+    """Make the directory the command starts in importable, as `python -m` does, so that `package.module:function`
+    (a reward, a tool) names a module of that directory; also for the worker processes, which start on this machine
+    with this process's environment (PYTHONPATH). A console script, unlike `python -m`, puts only its own folder on
+    `sys.path`."""
+    start = os.getcwd()
+    if start not in sys.path:
+        sys.path.insert(0, start)
+    paths = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
+    if start not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([start, *paths])
+
+
 def fail(message: str) -> NoReturn:
     """Report a refused config as one line on stderr and exit with code 2."""
     print(f"rlplace: error: {message}", file=sys.stderr)
@@ -146,6 +159,7 @@ def resolve_or_fail(cfg: DictConfig) -> Plan:
 
 def pretrain_main(argv: list[str] | None = None) -> None:
     """`rlplace-pretrain`: make (or find) the pretrained model of the run that the same overrides describe."""
+    import_from_start_directory()
     plan = resolve_or_fail(compose_run(sys.argv[1:] if argv is None else argv))
     if plan.family.name != "reasoning":
         fail(f"task.name = {plan.cfg.task.name!r}: rlplace-pretrain pretrains the LM of a reasoning task")

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rlplace.cli import compose_run, resolve_or_fail
+from rlplace.cli import compose_run, import_from_start_directory, resolve_or_fail
 from rlplace.families import Plan
 
 
@@ -121,6 +121,7 @@ def print_plan(plan: Plan) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import_from_start_directory()
     print_plan(resolve_or_fail(compose_run(sys.argv[1:] if argv is None else argv)))
 
 

@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rlplace.cli import check_overrides, compose_run, fail
+from rlplace.cli import check_overrides, compose_run, fail, import_from_start_directory
 from rlplace.core import checkpoint, preemption
 from rlplace.core.config import CONF_DIR
 from rlplace.core.errors import ConfigError
@@ -442,6 +442,7 @@ def main() -> None:
     """`rlplace-train`: the overrides are checked first, and a single run as a whole (`check_run`): bad ones exit 2
     with one line; then Hydra runs the job(s). A Ctrl-C that got past the first one (which stops after the step, see
     `preemption`) ends with one line too."""
+    import_from_start_directory()
     composed = check_overrides(sys.argv[1:])
     if composed is not None and composed.plan.auto and composed.plan.profile is None:
         sys.argv = [sys.argv[0], *profile_first(composed, sys.argv[1:])]  # Hydra reads the run's overrides there
