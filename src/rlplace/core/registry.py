@@ -116,3 +116,23 @@ def absolute(spec: str) -> str:
     unchanged."""
     path, colon, name = spec.rpartition(":")
     return f"{Path(path).expanduser().absolute()}:{name}" if colon and path.endswith(".py") else spec
+
+
+def load_function(registry: Registry[T], spec: str, valid: str, what: str) -> T | Callable[..., Any]:
+    """The function `spec` names for `registry`'s key (a reward, a tool): a registered name, `package.module:function`
+    (`load`) or `path/to/file.py:function` (`load_file`). ConfigError in one line naming the key, the value and
+    `valid` when it is none of them or cannot be loaded, or `what` a function of that key is when it is not
+    callable."""
+    key = registry.key
+    if ":" not in spec:
+        if spec not in registry:
+            raise ConfigError(f"{key} = {spec!r} is invalid: {valid}")
+        return registry[spec]
+    path, _, name = spec.rpartition(":")
+    try:
+        found = load_file(path, name, key) if path.endswith(".py") else load(spec, key)
+    except ConfigError as error:
+        raise ConfigError(f"{error}; {valid}") from None
+    if not callable(found):
+        raise ConfigError(f"{key} = {spec!r} is not callable: {what}")
+    return found

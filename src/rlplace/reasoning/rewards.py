@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rlplace.core.errors import ConfigError
-from rlplace.core.registry import Registry, load, load_file
+from rlplace.core.registry import Registry, load_function
 
 if TYPE_CHECKING:
     from rlplace.reasoning.tasks.prompts import Problem
@@ -396,18 +396,8 @@ def reward_function(spec: str) -> RewardFunction:
         if not urllib.parse.urlsplit(spec).hostname:
             raise ConfigError(f"{KEY} = {spec!r} is invalid: a URL names its host; {valid}")
         return RewardFunction(spec, OpenRLHFReward(RemoteReward(spec)))
+    what = "a reward is a function (prompt, response, answer, extra) -> float or dict of floats"
+    found = load_function(REWARDS, spec, valid, what)
     if ":" not in spec:
-        if spec not in REWARDS:
-            raise ConfigError(f"{KEY} = {spec!r} is invalid: {valid}")
-        return RewardFunction(spec, REWARDS[spec])
-    path, _, name = spec.rpartition(":")
-    try:
-        found = load_file(path, name, KEY) if path.endswith(".py") else load(spec, KEY)
-    except ConfigError as error:
-        raise ConfigError(f"{error}; {valid}") from None
-    if not callable(found):
-        raise ConfigError(
-            f"{KEY} = {spec!r} is not callable: a reward is a function (prompt, response, answer, extra) -> float "
-            "or dict of floats"
-        )
+        return RewardFunction(spec, found)
     return RewardFunction(spec, _callable_as_reward(spec, found))

@@ -16,8 +16,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlplace.core.errors import ConfigError
-from rlplace.core.registry import Registry, load, load_file
+from rlplace.core.registry import Registry, load_function
 
 KEY = "rollout.multi_turn.tool"
 RESULT = "{result}"
@@ -92,15 +91,4 @@ def tool_function(spec: str) -> Tool:
     """The tool `spec` names (`rollout.multi_turn.tool`): a registered name, `package.module:function` or
     `path/to/file.py:function`; ConfigError in one line naming the key, the value and what is valid otherwise."""
     valid = f"valid: {', '.join(TOOLS.names())}, package.module:function or path/to/file.py:function"
-    if ":" not in spec:
-        if spec not in TOOLS:
-            raise ConfigError(f"{KEY} = {spec!r} is invalid: {valid}")
-        return TOOLS[spec]
-    path, _, name = spec.rpartition(":")
-    try:
-        found = load_file(path, name, KEY) if path.endswith(".py") else load(spec, KEY)
-    except ConfigError as error:
-        raise ConfigError(f"{error}; {valid}") from None
-    if not callable(found):
-        raise ConfigError(f"{KEY} = {spec!r} is not callable: a tool is a function (call, extra) -> str")
-    return found
+    return load_function(TOOLS, spec, valid, "a tool is a function (call, extra) -> str")
