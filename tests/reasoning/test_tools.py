@@ -34,6 +34,7 @@ def test_the_calculator_evaluates_arithmetic(call: str, answer: str) -> None:
     [
         ("1/0", "error: division by zero"),
         ("9**9**9", "error: exponent 387420489 is above 64"),
+        ("((10**64)**64)**64", "error: the result is above 1e100"),
         ("__import__('os')", "error: \"__import__('os')\" is not arithmetic"),
         ("", "error: "),
     ],

@@ -36,6 +36,8 @@ _OPERATORS: dict[type, Callable[[Any, Any], Any]] = {
 }
 MAX_EXPONENT = 64
 """The largest exponent `calculator` raises to: a model's `9**9**9` would otherwise keep the rollout busy for good."""
+MAX_MAGNITUDE = 10**100
+"""The largest value `calculator` computes on: powers of powers stay small enough to evaluate and print."""
 
 
 @TOOLS.register("calculator")
@@ -83,6 +85,8 @@ def _evaluate(node: ast.expr) -> int | float:
         value = _OPERATORS[type(node.op)](left, right)
         if isinstance(value, complex) or (isinstance(value, float) and not math.isfinite(value)):
             raise ValueError("the result is not a finite real number")
+        if abs(value) > MAX_MAGNITUDE:
+            raise ValueError("the result is above 1e100")
         return value
     raise ValueError(f"{ast.unparse(node)!r} is not arithmetic")
 
