@@ -497,6 +497,7 @@ def test_overlong_prompts_are_cut_when_the_task_truncates_them(
     from rlplace.reasoning.launch import check_prompts_fit
     from rlplace.reasoning.models.tokenizer import load_tokenizer
     from rlplace.reasoning.pretrain import cache_config
+    from rlplace.reasoning.tasks import count_truncated
     from rlplace.reasoning.tasks.prompts import encode_prompts, render_prompts
 
     long = "1+" * 59 + "1="  # 121 tokens with <bos>
@@ -514,6 +515,7 @@ def test_overlong_prompts_are_cut_when_the_task_truncates_them(
         "and are cut to it" in caplog.text
     )
     assert source.num_train == 5  # none left out
+    assert count_truncated(source, plan.cfg.task, tokenizer) == (1, 0)  # the count with filter_overlong_prompts
     assert cache_config(plan.cfg)["task"]["truncation"] == "left"
     for side, kept in (("left", whole[-100:]), ("right", whole[:100]), ("middle", whole[:50] + whole[-50:])):
         assert encode_prompts(tokenizer, [problem], replace(plan.cfg.task, truncation=side)) == [kept]

@@ -116,7 +116,7 @@ def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> PromptSource:
     source = make_prompt_source(cfg.task)
     dropped = drop_overlong(source, cfg.task, tokenizer, context, cfg.rollout.max_new_tokens)
     if dropped is None:
-        check_prompt_lengths(cfg.task, source, tokenizer, context, cfg.rollout.max_new_tokens, str(model_path))
+        cut = check_prompt_lengths(cfg.task, source, tokenizer, context, cfg.rollout.max_new_tokens, str(model_path))
     else:
         room = prompt_room(cfg.task, context, cfg.rollout.max_new_tokens)
         log.info(
@@ -124,7 +124,7 @@ def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> PromptSource:
             f"longer than the {room} tokens a prompt may have (the model's context of {context} tokens less "
             f"rollout.max_new_tokens = {cfg.rollout.max_new_tokens}, task.max_prompt_length at most) and are left out"
         )
-    cut = count_truncated(source, cfg.task, tokenizer)
+        cut = count_truncated(source, cfg.task, tokenizer)
     if cut is not None:
         log.info(
             f"rlplace: task.truncation = {cfg.task.truncation}: {cut[0]} training and {cut[1]} held-out prompts are "

@@ -163,23 +163,29 @@ def _checked_template_kwargs(tokenizer: Any, task: ReasoningTaskConfig) -> dict[
 
 def check_prompt_lengths(
     task: ReasoningTaskConfig, source: PromptSource, tokenizer: Any, context: int, max_new_tokens: int, model: str
-) -> None:
+) -> tuple[int, int] | None:
     """Refuse a task with prompts that, as the model is asked them (`encode_prompts`), are longer than
     task.max_prompt_length, or leave no room for `max_new_tokens` in the model's `context`: the generation engines
     refuse such a batch (`check_lengths`), which would stop the run in a worker, mid-run. Checked: the held-out set,
     and every training problem of a source that holds a known number of them (`num_train`: a data file's records); a
     source that makes its problems on the fly (arithmetic) draws its held-out set from the same distribution as its
     training batches. The error names rollout.max_new_tokens when a smaller one would fit every prompt, else the
-    data."""
+    data. With task.truncation cutting prompts, returns how many training and held-out prompts are cut (from the
+    one rendering the check needs: `count_truncated` renders them again)."""
     splits = {"eval": source.eval_set()}
     if isinstance(getattr(source, "num_train", None), int):
         splits["train"] = source.train_batch(0, source.num_train)  # epoch 0: each training problem once
-    lengths = {
-        split: [len(ids) for ids in encode_prompts(tokenizer, problems, task)] for split, problems in splits.items()
+    whole = {
+        split: [len(ids) for ids in render_prompts(tokenizer, problems, task)] for split, problems in splits.items()
     }
+    limit = getattr(task, "max_prompt_length", None)
+    cut = None
+    lengths = whole
+    if getattr(task, "truncation", "error") != "error":  # as encode_prompts cuts them, counted
+        cut = (sum(n > limit for n in whole.get("train", [])), sum(n > limit for n in whole["eval"]))
+        lengths = {split: [min(n, limit) for n in ns] for split, ns in whole.items()}
     longest, split, index = max((n, split, i) for split, ns in lengths.items() for i, n in enumerate(ns))
     prompt = splits[split][index].prompt[:40]
-    limit = getattr(task, "max_prompt_length", None)
     if limit is not None and longest > limit:
         over = sum(n > limit for n in lengths[split])
         key, value = task.origin(split)
@@ -190,7 +196,7 @@ def check_prompt_lengths(
             "them out, or task.truncation=left|right|middle to cut them)"
         )
     if longest + max_new_tokens <= context:
-        return
+        return cut
     if longest < context:
         raise ConfigError(
             f"rollout.max_new_tokens = {max_new_tokens} is invalid with model.path = {model!r}: its context of "
