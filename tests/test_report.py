@@ -31,7 +31,7 @@ from rlplace.report.collect import BUSIEST_STAGE, HANDOFF_WAIT, read_job
 from rlplace.report.write import recommendation
 from rlplace.train import RUN_INFO
 from tests.planner.synthetic import profile_data, write_profile
-from tests.ray_temp import remove_sessions
+from tests.ray_temp import RAY_TEMP, remove_sessions
 from tests.train_here import train_here
 from tests.wandb_records import final_summary, record_kinds
 
@@ -264,6 +264,7 @@ def test_neither_the_launcher_nor_the_placement_changes_results(
     basic = metrics(sweep[0] / "2")
     ray_dir, process = ray_multirun
     finish(process)
+    assert not list(RAY_TEMP.glob(f"session_*_{process.pid}")), "the Ray launcher's Ray left its session folder"
     on_ray = metrics(ray_dir / "0")
     assert json.loads((ray_dir / "0" / RUN_INFO).read_text())["mode"] == "disaggregated"
     assert len(on_ray) == len(basic) == 2

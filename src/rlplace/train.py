@@ -319,6 +319,17 @@ class EveryJobSkipped(Callback):
             fail(f"every job of the multirun in {sweep_dir} was skipped (reasons: {sweep_dir}/*/{SKIPPED})")
 
 
+class StopsLaunchersRay(Callback):
+    """Stops, at the multirun's exit, a Ray that a launcher started in this process (Hydra's Ray launcher), with
+    nothing of it left behind: its session folder included, which Ray itself keeps."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if "ray" in sys.modules:  # else no Ray was started (importing it would cost the multirun a second)
+            from rlplace.scheduler.session import stop_at_exit_if_started_elsewhere
+
+            stop_at_exit_if_started_elsewhere()
+
+
 def sweep_group(hydra_cfg: Any) -> str:
     """The wandb group of a multirun's jobs: the sweep preset's name (or `multirun`) and the multirun's start time,
     so that each sweep is a group of its own."""

@@ -12,6 +12,7 @@ rlplace does not declare it, so it must be imported after ray, which an import s
 
 from __future__ import annotations
 
+import atexit
 import glob
 import logging
 import os
@@ -257,6 +258,15 @@ def disconnect(stop: bool) -> None:
     _kill(leftovers)
     if session is not None:
         remove_session(session)
+
+
+def stop_at_exit_if_started_elsewhere() -> None:
+    """When this process started the Ray it is connected to other than through `start_local_ray` (Hydra's Ray
+    launcher starts one in the multirun's process), stop it at exit as `start_local_ray`'s is stopped: Ray's own
+    exit hook leaves the session folder, and the agents' children, behind."""
+    node = ray._private.worker.global_worker.node if ray.is_initialized() else None
+    if node is not None and node.head and not started_here():
+        atexit.register(disconnect, stop=True)  # runs before Ray's own hook, registered earlier, at ray.init
 
 
 def _kill_monitor() -> None:
