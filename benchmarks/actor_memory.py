@@ -1,4 +1,5 @@
-"""Each actor rank's memory for parameters, gradients and optimizer state: one full replica against FSDP2 shards.
+"""Each actor rank's memory for parameters, gradients and optimizer state, and each inference rank's for its copy of
+the policy and the reference model: one full replica against FSDP2 shards.
 
 A Qwen2-shaped model (12 decoder layers, hidden 512, vocabulary 8,192: about 45 M parameters, random init) takes two
 AdamW steps as the reasoning actor takes them (`rlplace.core.strategies`): `ddp` on 1 rank, `fsdp` on 1, 2 and 4
@@ -8,6 +9,10 @@ each rank's categories at its peak; the table shows rank 0's (ranks hold equal s
 units held in full during a pass (FSDP2's unsharded parameters: one decoder layer or embedding matrix) beside the
 shards. The ideal is the 1-rank figure / N. Next to the measurement, the planner's prediction of the same rank's
 state and peak (`rlplace.planner.memory`, as `rlplace-plan` predicts the reasoning actor's).
+
+The inference table: two frozen copies of the same model under the same strategies (`Strategy.wrap(trained=False)`,
+as the inference group holds the policy and, with a KL term, the reference model) score one micro-batch of
+16 x 64 tokens each (`response_logprobs`); rank 0's peak against the prediction `rlplace.reasoning.memory` makes.
 
     .venv/bin/python benchmarks/actor_memory.py
 """
@@ -24,8 +29,9 @@ import torch.multiprocessing as mp
 from results import write_section
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlplace.core.strategies.base import build_strategy
+from rlplace.core.strategies.base import Strategy, build_strategy
 from rlplace.planner.memory import TransformerShape
+from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 
 CONFIG = Qwen2Config(
     vocab_size=8192,
@@ -39,6 +45,8 @@ CONFIG = Qwen2Config(
 RUNS = (("ddp", 1), ("fsdp", 1), ("fsdp", 2), ("fsdp", 4))
 STEPS = 2
 ROWS, SEQ_LEN = 2, 64
+SCORED_ROWS, SCORED_HALF = 16, 32
+"""A scored micro-batch: rows of a 32-token prompt and a 32-token response."""
 MIB = 2**20
 PARAMS = ("PARAM", "SHARDED_PARAM", "UNSHARDED_PARAM")
 GRADS = ("GRAD", "SHARDED_GRAD", "UNSHARDED_GRAD")
@@ -54,18 +62,52 @@ def predicted(strategy: str, world_size: int) -> tuple[int, int]:
     return state, state + shape.activation_bytes(ROWS, SEQ_LEN, checkpointing=False)
 
 
-def rank_peak(rank: int, strategy: str, world_size: int, init: str, out: Path) -> None:
-    """Two AdamW steps of one rank under `strategy`; writes its peak's categories (bytes) to `out`."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
+def predicted_scoring(strategy: str, world_size: int) -> int:
+    """The planner's peak for one inference rank scoring a micro-batch, as `rlplace.reasoning.memory` predicts it."""
+    shape = TransformerShape.from_config(CONFIG.to_dict())
+    sharded = strategy == "fsdp"
+    gathered = shape.largest_unit() * 4 if sharded else 0
+    return 2 * shape.frozen_bytes(world_size, sharded) + gathered + shape.scoring_bytes(SCORED_ROWS, 2 * SCORED_HALF)
 
+
+def rank_peak(rank: int, role: str, strategy: str, world_size: int, init: str, out: Path) -> None:
+    """Two AdamW steps (`role` actor) or two models' scoring of a micro-batch (inference) of one rank under
+    `strategy`; writes its peak's categories (bytes) to `out`."""
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world_size)
     torch.manual_seed(0)
     trainer = build_strategy(strategy, world_size, torch.device("cpu"))
+    peak = (train_peak if role == "actor" else scoring_peak)(rank, trainer)
+    torch.save({str(kind).rsplit(".", 1)[-1]: int(size) for kind, size in peak.items()}, out / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def scoring_peak(rank: int, holder: Strategy) -> dict:
+    """Every rank scores the same rows (a forward pass of sharded models is collective)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    # Not frozen as the inference worker's (MemTracker hooks every parameter's gradient, which a frozen one refuses):
+    # the passes run without autograd either way, so they hold the same.
+    models = [holder.wrap(Qwen2ForCausalLM(CONFIG).eval(), trained=False) for _ in range(2)]
+    ids = torch.randint(1, CONFIG.vocab_size, (SCORED_ROWS, 2 * SCORED_HALF), generator=torch.Generator())
+    mask = torch.ones_like(ids)
+    half = SCORED_HALF
+    batch = SequenceBatch(0, ids[:, :half], mask[:, :half], ids[:, half:], mask[:, half:], problems=[])
+    tracker = MemTracker()
+    tracker.track_external(*models)
+    with tracker:
+        for model in models:
+            response_logprobs(model, batch)
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+
+
+def train_peak(rank: int, trainer: Strategy) -> dict:
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
     model = trainer.wrap(Qwen2ForCausalLM(CONFIG).train())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, CONFIG.vocab_size, (ROWS, SEQ_LEN), generator=torch.Generator().manual_seed(rank))
-    if strategy == "fsdp":
+    if trainer.collective_passes:  # fsdp: its tracker tells shards from gathered units
         tracker = FSDPMemTracker(model, optimizer)
     else:
         tracker = MemTracker()
@@ -76,16 +118,36 @@ def rank_peak(rank: int, strategy: str, world_size: int, init: str, out: Path) -
             trainer.reduce_grads(model)
             optimizer.step()
             tracker.reset_mod_stats()
-    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    torch.save({str(kind).rsplit(".", 1)[-1]: int(size) for kind, size in peak.items()}, out / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
 
 
-def measure(strategy: str, world_size: int) -> dict[str, int]:
+def measure(role: str, strategy: str, world_size: int) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch)
-        mp.spawn(rank_peak, args=(strategy, world_size, str(out / "init"), out), nprocs=world_size)
+        mp.spawn(rank_peak, args=(role, strategy, world_size, str(out / "init"), out), nprocs=world_size)
         return torch.load(out / "rank0.pt")
+
+
+def inference_table() -> list[str]:
+    rows = []
+    baseline = None
+    for strategy, world_size in RUNS:
+        total = measure("inference", strategy, world_size)["Total"]
+        baseline = baseline or total
+        whole = predicted_scoring(strategy, world_size)
+        rows.append(
+            f"| {strategy} | {world_size} | {total / MIB:.0f} | {total / baseline:.0%} | {whole / MIB:.0f} | "
+            f"{whole / total - 1:+.0%} |"
+        )
+        print(rows[-1], file=sys.stderr)
+    return [
+        f"Inference ranks: the policy's copy and the reference model (float32) scoring {SCORED_ROWS} x "
+        f"{2 * SCORED_HALF} tokens each; rank 0's peak, MiB.",
+        "",
+        "| strategy | ranks | peak | of 1 rank | predicted peak | error |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        *rows,
+    ]
 
 
 def main() -> None:
@@ -93,7 +155,7 @@ def main() -> None:
     rows = []
     baseline = None
     for strategy, world_size in RUNS:
-        peak = measure(strategy, world_size)
+        peak = measure("actor", strategy, world_size)
         params = sum(peak.get(k, 0) for k in PARAMS)
         grads = sum(peak.get(k, 0) for k in GRADS)
         total = params + grads + peak["OPT"]
@@ -117,6 +179,8 @@ def main() -> None:
             "| predicted state | working | peak | predicted peak | error |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             *rows,
+            "",
+            *inference_table(),
         ]
     )
     print(table)

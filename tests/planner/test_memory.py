@@ -60,7 +60,12 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_sharding_divides_the_actors_state_and_offload_empties_the_idle_phase(model_path):
-    overrides = ["experiment=arithmetic_grpo", f"model.path={model_path}", "cluster.num_devices_per_node=2"]
+    overrides = [
+        "experiment=arithmetic_grpo",
+        f"model.path={model_path}",
+        "cluster.num_devices_per_node=2",
+        "algorithm.kl_coef=0.01",  # the inference group holds the reference model beside its copy of the policy
+    ]
     replica = predict_memory(*_plan([*overrides, "actor.strategy=ddp"]))
     sharded = predict_memory(*_plan([*overrides, "actor.strategy=fsdp"]))
     shape = TransformerShape.from_config(json.loads((model_path / "config.json").read_text()))
@@ -70,6 +75,12 @@ def test_sharding_divides_the_actors_state_and_offload_empties_the_idle_phase(mo
     assert replica.usage["actor"].working["training"] - sharded.usage["actor"].working["training"] == (
         8 * shape.parameters() - unit
     )
+    # The inference ranks hold the policy's copy and the reference model as the actor holds the policy: float32, whole
+    # or halved over 2 ranks, with a unit gathered during a pass.
+    assert replica.usage["inference"].resident == 2 * 4 * shape.parameters()
+    assert sharded.usage["inference"].resident == 4 * shape.parameters()
+    whole, halved = (run.usage["inference"].in_phase("generate_rollouts") for run in (replica, sharded))
+    assert whole - halved == 4 * shape.parameters() - 4 * shape.largest_unit()
     # Collocated with offload (the preset): the actor is off both devices while the others generate, and the rollout
     # engine while the actor trains; the inference copy stays (it never offloads).
     generate = replica.peaks[0]["generate_rollouts"]

@@ -14,16 +14,20 @@ import torch.distributed as dist
 
 from rlplace.core.data_parallel import Shard
 from rlplace.core.offload import HostCopies, _tensors, move
-from rlplace.core.strategies.base import build_strategy
+from rlplace.core.sharded import gathered
+from rlplace.core.strategies.base import Strategy, build_strategy
 from rlplace.core.strategies.training_state import load_training_state, save_training_state
+from rlplace.core.weights import load_whole
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.reasoning.models.tiny_qwen2 import TinyQwen2Shape, build_tiny_qwen2
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
+from rlplace.reasoning.streams import micro_batches_of
 from rlplace.reasoning.tasks.prompts import Problem
 from rlplace.reasoning.update import compute_advantages, llm_update
+from rlplace.reasoning.workers.inference import keep_in_step
 
 SHAPE = TinyQwen2Shape(hidden_size=64, num_layers=4, num_heads=2, num_kv_heads=1, intermediate_size=128)
 """About 0.18 M parameters: four decoder layers to shard by, as a real model has many, each small, since what the
@@ -124,6 +128,7 @@ def _run_job(rank: int, job: Job, folder: Path, out: Path) -> None:
     batch, shard = batch_of(folder, rank, job.world_size)
     stats: dict[int, dict[str, float]] = {}
     offload: dict[str, object] = {}
+    result: dict[str, object] = {}
     for step in job.steps:
         batch.old_logprobs = response_logprobs(policy, batch)
         sum_over_ranks = None if shard is None else shard.sum_over_ranks
@@ -145,12 +150,34 @@ def _run_job(rank: int, job: Job, folder: Path, out: Path) -> None:
             dist.barrier()
             if rank == 0:
                 (out / job.save / ".done").touch()
+    result["copy"] = _frozen_copy(policy, strategy, folder, batch)
     weights = {
         f"{name}.{key}": tensor
         for name, (model, _) in trained.items()
         for key, tensor in strategy.full_state_dict(model).items()
     }
-    torch.save({"stats": stats, "weights": weights, "offload": offload}, out / f"{job.name}.rank{rank}.pt")
+    result.update(stats=stats, weights=weights, offload=offload)
+    torch.save(result, out / f"{job.name}.rank{rank}.pt")
+
+
+def _frozen_copy(policy: torch.nn.Module, strategy: Strategy, folder: Path, batch: SequenceBatch) -> dict[str, object]:
+    """An inference rank's copy of the policy under the same strategy, holding the starting weights and having scored
+    once (a sharded copy gathers its units then), given the trained policy's whole tensors as weight sync gives them:
+    its log-probs and the policy's own for this rank's batch."""
+    copy = strategy.wrap(load_causal_lm(folder).requires_grad_(False).eval(), trained=False)
+    before = response_logprobs(copy, batch)
+    load_whole(copy.state_dict(), {name: gathered(tensor) for name, tensor in policy.state_dict().items()})
+    scores = {"before": before, "after": response_logprobs(copy, batch), "policy": response_logprobs(policy, batch)}
+    # Three micro-batches over the ranks, scored by the copy and a reference model: rank 0 scores two, rank 1 one
+    # and keeps in step for the second; sharded passes out of step would hang or gather the wrong model's shards.
+    reference = strategy.wrap(load_causal_lm(folder).requires_grad_(False).eval(), trained=False)
+    mine = micro_batches_of(dist.get_rank() if dist.is_initialized() else 0, strategy.world_size, 3)
+    scores["micro_batches"] = [(response_logprobs(copy, batch), response_logprobs(reference, batch)) for _ in mine]
+    if strategy.collective_passes:
+        rounds = len(micro_batches_of(0, strategy.world_size, 3))
+        keep_in_step([copy, reference], rounds - len(mine), batch.num_rows, torch.device("cpu"))
+    scores["reference"] = response_logprobs(load_causal_lm(folder).eval(), batch)
+    return scores
 
 
 def _mean(world_size: int, tensor: torch.Tensor) -> None:

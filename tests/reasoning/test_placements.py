@@ -1,6 +1,7 @@
 """The reasoning placements give the same metrics: `sweep=reasoning_placements` on tiny settings, one step off, with
-dynamic sampling, Dr. GRPO's loss, a sharded actor, token-budget micro-batches and tool calls, as a user runs it (a
-module of its own, so that it runs beside the embodied sweeps of tests/test_report.py rather than after them).
+dynamic sampling, Dr. GRPO's loss, a KL to the reference model, a sharded actor and inference group, token-budget
+micro-batches and tool calls, as a user runs it (a module of its own, so that it runs beside the embodied sweeps of
+tests/test_report.py rather than after them).
 
 Responses are made in turns with a tool (`rollout.multi_turn`), so they hold the tool's tokens, which the update
 reads as context and does not train on. The sweep's disaggregated and hybrid jobs run: they train the sharded policy
@@ -39,7 +40,8 @@ REASONING = [  # sweep=reasoning_placements on the tiny settings, one step off o
     "model.pretrain.eval_interval=50",
     "algorithm=dr_grpo",  # its loss divides by a constant token budget, rollout.max_new_tokens, in every placement
     "algorithm.filter_groups=true",  # dynamic sampling refills micro-batches alike in every placement
-    "actor.strategy=fsdp",  # the policy sharded over the actor's ranks, however many the placement gives it
+    "actor.strategy=fsdp",  # the policy sharded over the actor's ranks, however many the placement gives it, and the
+    "algorithm.kl_coef=0.01",  # inference ranks' copy of it and reference model over theirs
     "actor.max_tokens_per_micro_batch=48",  # 3-5 rows a pass: ranks run unequal pass counts, padded to the most
     "rollout.eval_samples=2",  # sampled evaluation, answered by 1 rollout rank (disaggregated) and by 2 (hybrid)
     "rollout.eval_temperature=1.0",
@@ -52,6 +54,7 @@ REASONING_COMPARED = (
     "rollout/generation_rounds",
     "train/policy_loss",
     "train/grad_norm",
+    "train/kl",  # to the reference model, scored by 1 inference rank (disaggregated) and by 2 sharded ones (hybrid)
     "rollout/reward",
     "rollout/response_length",
     "rollout/clip_ratio",
@@ -79,3 +82,4 @@ def test_the_reasoning_placements_give_the_same_metrics(tmp_path: Path) -> None:
             for key in REASONING_COMPARED:
                 assert rows[step][key] == pytest.approx(jobs[0][step][key], rel=1e-5, abs=1e-6), (step, key)
     assert all(0 < row["rollout/tool_calls"] < 2 for row in jobs[0])
+    assert jobs[0][1]["train/kl"] > 0  # the policy moved away from the reference

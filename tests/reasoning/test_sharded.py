@@ -115,3 +115,16 @@ def test_offload_and_onload_of_sharded_state_keep_every_value(results):
 def test_activation_checkpointing_recomputes_the_same_step(results):
     # Each decoder layer's activations are recomputed in the backward pass from its input: the same arithmetic again.
     _close_stats(results["sharded_recompute"][0]["stats"][0], results["sharded"][0]["stats"][0])
+
+
+@pytest.mark.parametrize("job", ["replica", "sharded", "sharded_bf16"])
+def test_an_inference_copy_given_the_trained_weights_scores_what_the_policy_scores(results, job):
+    # The inference group's frozen copy of the policy under the actor's strategy: sharded, each rank keeps its part of
+    # the whole tensors weight sync sends (`load_whole`), and scores to the last bit what the trained shards score.
+    for rank in results[job]:
+        copy = rank["copy"]
+        assert torch.equal(copy["after"], copy["policy"])
+        assert not torch.equal(copy["before"], copy["after"])  # the weights it was given are the trained ones
+        for policy, reference in copy["micro_batches"]:
+            assert torch.equal(policy, copy["policy"])
+            torch.testing.assert_close(reference, copy["reference"], rtol=0, atol=0 if job != "sharded_bf16" else 0.1)

@@ -6,7 +6,8 @@ and the version, so the receiver knows how many messages make one update, and a 
 (each costs a scheduler tick between processes that share a core: `scheduler.collective`). When the actor's ranks
 each hold a shard of every tensor (`actor.strategy = fsdp`), every rank takes part: each bucket is gathered into full
 tensors (`full_tensor()`) and rank 0 sends it, so no rank ever holds more than one bucket of the whole model beyond
-its shards.
+its shards. A receiver whose model is sharded the same way (the inference group under `actor.strategy = fsdp`) keeps
+its own part of each tensor it receives.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rlplace.core.sharded import gathered
+from rlplace.core.sharded import gathered, local_part, part_of
 from rlplace.scheduler import Worker
 
 
@@ -67,13 +68,21 @@ def _received(worker: Worker, src_group: str) -> tuple[int, Iterator[dict[str, t
 
 @torch.no_grad()
 def receive_weights(worker: Worker, model: torch.nn.Module, src_group: str) -> int:
-    """Receive what `broadcast_weights` sends from rank 0 of `src_group` into `model`, in place; returns its version."""
-    state = model.state_dict()
+    """Receive what `broadcast_weights` sends from rank 0 of `src_group` into `model`, in place (into this rank's part
+    of each tensor when `model` is sharded); returns its version."""
     version, parts = _received(worker, src_group)
+    state = model.state_dict()
     for part in parts:
-        for name, tensor in part.items():
-            state[name].copy_(tensor)
+        load_whole(state, part)
     return version
+
+
+@torch.no_grad()
+def load_whole(state: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
+    """Copy whole tensors into a model's `state` dict of the same names, each into this rank's part of it when it is
+    sharded."""
+    for name, tensor in tensors.items():
+        local_part(state[name]).copy_(part_of(tensor, state[name]))
 
 
 def receive_state(worker: Worker, src_group: str) -> tuple[int, dict[str, torch.Tensor]]:

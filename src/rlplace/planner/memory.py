@@ -89,6 +89,15 @@ class TransformerShape:
             return self.state_bytes(1, head)
         return self.state_bytes(ranks, head) + self.largest_unit() * (compute_bytes + 4)
 
+    def frozen_bytes(self, ranks: int, sharded: bool) -> int:
+        """One rank's float32 copy of the model for forward passes alone: the whole of it, or sharded 1/`ranks`."""
+        return -(-FP32_BYTES * self.parameters() // (ranks if sharded else 1))
+
+    def scoring_bytes(self, rows: int, seq_len: int) -> int:
+        """A forward pass's output for log-probs of `rows` x `seq_len` tokens: the float32 logits and their
+        log-softmax."""
+        return rows * seq_len * self.vocab_size * FP32_BYTES * 2
+
     def kv_cache_bytes(self, tokens: int, dtype_bytes: int) -> int:
         """Keys and values of `tokens` tokens in every layer."""
         return 2 * self.num_layers * self.kv_size * tokens * dtype_bytes

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .losses import logprobs_from_logits
+from .streams import SCORING_ROWS
 
 if TYPE_CHECKING:
     from .tasks.prompts import Problem
@@ -103,7 +104,7 @@ class SequenceBatch:
 
 
 @torch.no_grad()
-def response_logprobs(model: torch.nn.Module, batch: SequenceBatch, micro_rows: int = 64) -> Tensor:
+def response_logprobs(model: torch.nn.Module, batch: SequenceBatch, micro_rows: int = SCORING_ROWS) -> Tensor:
     """[B, T] log-probs (on the CPU) of each response token under `model`, `micro_rows` rows per forward pass, in
     eval mode (no dropout) whatever mode the model is in: the inference worker's copy and the actor's own weights
     score alike."""

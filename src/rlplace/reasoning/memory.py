@@ -8,8 +8,9 @@ Per rank, from the model folder's `config.json` and the run's sizes:
 - rollout: the engine's weights in its precision (float32 for hf, bfloat16 for vLLM on a GPU) and the KV cache of a
   micro-batch's responses at full length; a vLLM engine on a GPU reserves `rollout.gpu_memory_utilization` of the
   device instead; in weight sync, the whole float32 state dict received beside its weights;
-- inference: its copy of the policy and, with a KL term, the reference model, and a scoring pass's logits; in weight
-  sync, one bucket beside them;
+- inference: its copy of the policy and, with a KL term, the reference model, in float32, held as the actor holds
+  the policy (under fsdp 1/N of each per rank, plus one gathered unit in the compute precision during a pass), and a
+  scoring pass's logits; in weight sync, one bucket beside them;
 - reward: a reward model's weights, when there is one.
 With `plan.profile` of a run on CUDA devices, whose spans carry each process's measured peak, every component's
 prediction is scaled per phase by the profiled run's measured peak (rank 0's) over its own prediction: what the
@@ -21,6 +22,7 @@ characters without one; a chat template's few tokens are not counted.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +35,12 @@ from rlplace.planner.memory import GB, TransformerShape, Usage, device_peaks, ov
 from rlplace.planner.profile import load_model
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.phases import PHASES
+from rlplace.reasoning.streams import SCORING_ROWS
 from rlplace.reasoning.tasks import make_prompt_source, prompt_room
 from rlplace.reasoning.tasks.prompts import PromptSource
 
+RANKED = ("actor", "inference")
+"""The components whose bytes per rank depend on their rank count (sharded under actor.strategy = fsdp)."""
 PROMPTS_MEASURED = 256
 """Training prompts whose longest sets the sequence length."""
 FP32, BF16 = 4, 2
@@ -76,7 +81,7 @@ def predict_memory(
     if getattr(cfg.task, "filter_overlong_prompts", False):  # the run leaves out the prompts that do not fit
         context = config.get("max_position_embeddings", seq_len)
         seq_len = min(seq_len, prompt_room(cfg.task, context, cfg.rollout.max_new_tokens) + cfg.rollout.max_new_tokens)
-    usage = _usage(cfg, shape, seq_len, placement.get_world_size("actor"))
+    usage = _usage(cfg, shape, seq_len, {name: placement.get_world_size(name) for name in RANKED})
     measured_from = None
     if cfg.plan.profile is not None:
         found = _measured(cfg.plan.profile, cfg.task.name)
@@ -90,13 +95,13 @@ def predict_memory(
     return MemoryPlan(usage, peaks, seq_len, measured_from)
 
 
-def _usage(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, actor_ranks: int) -> dict[str, Usage]:
-    """Each component's predicted bytes per rank, with the actor on `actor_ranks` ranks."""
+def _usage(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, ranks: Mapping[str, int]) -> dict[str, Usage]:
+    """Each component's predicted bytes per rank, with the actor and the inference group on `ranks` ranks."""
     on_gpu = cfg.cluster.device_type == "gpu"
     usage = {
-        "actor": _actor(cfg, shape, actor_ranks, seq_len),
+        "actor": _actor(cfg, shape, ranks["actor"], seq_len),
         "rollout": _rollout(cfg, shape, seq_len, on_gpu),
-        "inference": _inference(cfg, shape, seq_len, on_gpu),
+        "inference": _inference(cfg, shape, ranks["inference"], seq_len),
     }
     if cfg.reward.model_path is not None:
         reward_shape = TransformerShape.from_config(
@@ -107,19 +112,20 @@ def _usage(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, actor_ra
     return usage
 
 
-def _measured(folder: str, task: str) -> tuple[int, dict[tuple[str, str], int]] | None:
-    """The profiled run's actor rank count and each component's measured peak per phase (rank 0's); None when its
-    spans carry no memory (a run on CPU devices). Read once per profile (a search predicts every candidate's memory
-    from it); ConfigError naming `plan.profile` for one that cannot serve."""
+def _measured(folder: str, task: str) -> tuple[dict[str, int], dict[tuple[str, str], int]] | None:
+    """The profiled run's actor and inference rank counts and each component's measured peak per phase (rank 0's);
+    None when its spans carry no memory (a run on CPU devices). Read once per profile (a search predicts every
+    candidate's memory from it); ConfigError naming `plan.profile` for one that cannot serve."""
     try:
         return load_model(_measured_peaks, folder, FAMILY, task)
     except ProfileError as err:
         raise ConfigError(str(err)) from None
 
 
-def _measured_peaks(profile: Profile) -> tuple[int, dict[tuple[str, str], int]] | None:
+def _measured_peaks(profile: Profile) -> tuple[dict[str, int], dict[tuple[str, str], int]] | None:
     peaks = profile.trace().phase_peaks([phase for phase, _ in PHASES])
-    return (len(profile.data["placement"]["components"]["actor"]), peaks) if peaks else None
+    components = profile.data["placement"]["components"]
+    return ({name: len(components[name]) for name in RANKED}, peaks) if peaks else None
 
 
 def _calibrated(name: str, usage: Usage, profiled: Usage, measured: dict[tuple[str, str], int]) -> Usage:
@@ -155,9 +161,13 @@ def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement, source: Pr
         )
 
 
+def _sharded(cfg: ReasoningConfig, ranks: int) -> bool:
+    """Whether `ranks` ranks hold the policy sharded, under `actor.strategy`."""
+    return strategies.resolve(cfg.actor.strategy, cfg.actor.dtype, ranks, cfg.cluster.device_type == "gpu") == "fsdp"
+
+
 def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: int) -> Usage:
-    on_gpu = cfg.cluster.device_type == "gpu"
-    sharded = strategies.resolve(cfg.actor.strategy, cfg.actor.dtype, ranks, on_gpu) == "fsdp"
+    sharded = _sharded(cfg, ranks)
     compute = BF16 if cfg.actor.dtype == "bf16" else FP32
     heads = [True] + ([False] if cfg.algorithm.has_critic else [])  # the policy; the critic has no LM head
     resident = sum(shape.state_bytes(ranks if sharded else 1, head) for head in heads)
@@ -186,13 +196,17 @@ def _rollout(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu
     return Usage(weights, {"sync_weights": received, "generate_rollouts": working})
 
 
-def _inference(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu: bool) -> Usage:
-    """The policy (and the reference model) in float32; weight sync copies one bucket at a time into the policy."""
+def _inference(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: int) -> Usage:
+    """The policy (and the reference model) in float32, each whole or, sharded, 1/`ranks` of it with one unit gathered
+    in the compute precision during a pass; weight sync copies one bucket at a time into the policy."""
     copies = 2 if cfg.algorithm.kl_coef > 0 else 1
-    weights = copies * shape.parameters() * FP32
-    rows = min(64, cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size)  # `response_logprobs`' pass
-    logits = rows * seq_len * shape.vocab_size * FP32 * 2
-    return Usage(weights, {"sync_weights": weights + _bucket_bytes(cfg, shape), "generate_rollouts": weights + logits})
+    sharded = _sharded(cfg, ranks)
+    weights = copies * shape.frozen_bytes(ranks, sharded)
+    gathered = shape.largest_unit() * (BF16 if cfg.actor.dtype == "bf16" else FP32) if sharded else 0
+    rows = min(SCORING_ROWS, cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size)  # `response_logprobs`' pass
+    scoring = weights + gathered + shape.scoring_bytes(rows, seq_len)
+    working = {"sync_weights": weights + _bucket_bytes(cfg, shape), "generate_rollouts": scoring}
+    return Usage(weights, working)
 
 
 def _bucket_bytes(cfg: ReasoningConfig, shape: TransformerShape) -> int:

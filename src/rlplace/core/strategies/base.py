@@ -40,8 +40,10 @@ class Strategy(ABC):
         self.average = average
 
     @abstractmethod
-    def wrap(self, model: nn.Module) -> nn.Module:
-        """Prepare `model` (on this rank's device) for training under the strategy; returns it."""
+    def wrap(self, model: nn.Module, trained: bool = True) -> nn.Module:
+        """Prepare `model` (on this rank's device) under the strategy, for training or, not `trained`, for forward
+        passes alone (a frozen copy whose weights are replaced from outside, e.g. `core.weights.receive_weights`);
+        returns it."""
 
     @abstractmethod
     def reduce_grads(self, model: nn.Module) -> None:

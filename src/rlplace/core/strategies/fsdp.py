@@ -48,13 +48,16 @@ class FullyShard(Strategy):
 
     collective_passes: ClassVar[bool] = True
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module, trained: bool = True) -> nn.Module:
+        """A frozen model's root unit is resharded after each forward pass, as the others are: FSDP2 keeps a root's
+        weights gathered after the forward pass for the backward one, which a frozen model never runs, so they would
+        stay whole on the device between passes and phases (tied embeddings: a vocabulary matrix)."""
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         inner = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
         for unit in decoder_layers(model) + embeddings(model):
             fully_shard(unit, mesh=mesh, mp_policy=inner)
         outer = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
-        fully_shard(model, mesh=mesh, mp_policy=outer)
+        fully_shard(model, mesh=mesh, mp_policy=outer, reshard_after_forward=None if trained else True)
         return model
 
     def reduce_grads(self, model: nn.Module) -> None:

@@ -15,7 +15,7 @@ class Replica(Strategy):
 
     collective_passes: ClassVar[bool] = False
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module, trained: bool = True) -> nn.Module:
         return model
 
     def reduce_grads(self, model: nn.Module) -> None:

@@ -6,18 +6,25 @@ current weights. The reference model is the starting checkpoint, frozen; it is l
 `algorithm.kl_coef > 0`. The policy copy receives the actor's weights each step, as the rollout does, so its
 log-probs are always those of the weights that generated the responses: with runner.max_staleness > 0 they are the
 behaviour policy's, which the actor weighs its update by.
+
+The ranks hold both models as the actor's ranks hold the policy (`actor.strategy` and `actor.dtype`, `auto` resolved
+for this group's rank count): a full copy each (ddp), or under fsdp a shard each, gathered one unit at a time for a
+forward pass, so that a model too large for one device is scored as it is trained, at the actor's precision. Sharded
+forward passes are collective: a rank with fewer micro-batches than another runs passes on one token to keep in step.
 """
 
 from __future__ import annotations
 
 import torch
 
+from rlplace.core import strategies
 from rlplace.core.offload import HostCopies, move
+from rlplace.core.strategies.base import build_strategy
 from rlplace.core.weights import receive_weights
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
-from rlplace.reasoning.streams import consumer_key, micro_batches_of
+from rlplace.reasoning.streams import SCORING_ROWS, consumer_key, micro_batches_of
 from rlplace.scheduler import Channel, Worker, timer
 
 
@@ -25,10 +32,13 @@ class InferenceWorker(Worker):
     def __init__(self, cfg: ReasoningConfig, model_path: str, actor_world_size: int) -> None:
         self.cfg = cfg
         self.actor_world_size = actor_world_size
-        self.policy = load_causal_lm(model_path, self.device).requires_grad_(False)
-        self.reference = (
-            load_causal_lm(model_path, self.device).requires_grad_(False) if cfg.algorithm.kl_coef else None
-        )
+        actor = cfg.actor
+        name = strategies.resolve(actor.strategy, actor.dtype, self.world_size, self.device.type == "cuda")
+        self.strategy = build_strategy(name, self.world_size, self.device, actor.dtype)
+        if self.strategy.collective_passes:
+            self.init_process_group()
+        self.policy = self._frozen(model_path)
+        self.reference = self._frozen(model_path) if cfg.algorithm.kl_coef else None
         self.host_copies = HostCopies()
         self.version = 0
 
@@ -48,7 +58,14 @@ class InferenceWorker(Worker):
                 if self.reference is not None:
                     batch.ref_logprobs = response_logprobs(self.reference, batch)
             out.put(batch, key=consumer_key("actor", batch.index, self.actor_world_size))
+        if self.strategy.collective_passes:  # the passes of the micro-batches rank 0 has more of
+            missing = len(micro_batches_of(0, self.world_size, num_micro_batches)) - len(mine)
+            rows = self.cfg.rollout.micro_batch_prompts * self.cfg.algorithm.group_size
+            keep_in_step(self._models(), missing, rows, self.device)
         return len(mine)
+
+    def _frozen(self, model_path: str) -> torch.nn.Module:
+        return self.strategy.wrap(load_causal_lm(model_path, self.device).requires_grad_(False).eval(), trained=False)
 
     @timer("offload")
     def offload(self) -> int:
@@ -60,3 +77,17 @@ class InferenceWorker(Worker):
 
     def _models(self) -> list[torch.nn.Module]:
         return [m for m in (self.policy, self.reference) if m is not None]
+
+
+@torch.no_grad()
+def keep_in_step(models: list[torch.nn.Module], micro_batches: int, rows: int, device: torch.device) -> None:
+    """The forward passes of sharded `models` for `micro_batches` micro-batches of `rows` rows that this rank does not
+    have, each on one token, in the order `InferenceWorker.compute_logprobs` runs them on the ranks that have them
+    (each model's passes for one micro-batch, `response_logprobs`' count, then the next model's): every pass
+    gathers its model's units from every rank. Every micro-batch of a step has the same rows
+    (`rollout.micro_batch_prompts` x `algorithm.group_size`)."""
+    token = torch.zeros(1, 1, dtype=torch.long, device=device)
+    for _ in range(micro_batches):
+        for model in models:
+            for _ in range(-(-rows // SCORING_ROWS)):
+                model(input_ids=token)
