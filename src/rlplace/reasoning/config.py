@@ -300,7 +300,8 @@ class ActorConfig(ComponentConfig):
     strategy: str = AUTO
     """`ddp` (a full replica per rank, gradients averaged), `fsdp` (FSDP2: parameters, gradients and optimizer state
     sharded over the ranks; `rlplace.core.strategies.STRATEGIES`), or `auto`: fsdp with several ranks on GPUs or with
-    bf16, else ddp."""
+    bf16, else ddp. The inference group holds its policy copy and reference model the same way (over its own
+    ranks, `auto` resolved for their count)."""
     dtype: str = "fp32"
     """`fp32`, or `bf16`: forward and backward in bfloat16 over float32 master weights, optimizer and gradient
     reduction (fsdp's mixed precision)."""

@@ -157,7 +157,8 @@ def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement, source: Pr
         raise ConfigError(
             f"cluster.device_memory_gb = {capacity}: device {device} needs {need:.3g} GB in phase {phase} "
             f"({excess:.3g} GB over; `rlplace-plan` shows each component's share): place fewer components there, "
-            "offload them (placement presets' enable_offload), or shard the actor (actor.strategy=fsdp)"
+            "offload them (placement presets' enable_offload), or shard the actor and inference groups "
+            "(actor.strategy=fsdp)"
         )
 
 
