@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -167,11 +169,30 @@ def start_multirun(sweep_dir: Path, *overrides: str) -> subprocess.Popen[str]:
     )
 
 
-def finish(process: subprocess.Popen[str]) -> str:
-    """Wait for a multirun started by `start_multirun`; its stdout."""
-    stdout, stderr = process.communicate(timeout=600)
-    assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    return stdout
+RAY_SLOW_START = "The current node timed out during startup"
+"""Ray's own error when a node it starts does not register within its fixed 30 s (`ray._private.node`)."""
+
+
+@dataclass
+class Multirun:
+    """A multirun started by `start_multirun` in `sweep_dir` with `overrides`."""
+
+    sweep_dir: Path
+    overrides: tuple[str, ...]
+    process: subprocess.Popen[str]
+
+    def finish(self) -> str:
+        """Wait for the multirun; its stdout. A Ray launcher's Ray that timed out starting (a loaded 2-core machine,
+        where the basic sweep starts its own Ray and workers beside it, can take Ray past its 30 s) is started once
+        more, alone: what is tested is the launcher's results, not Ray's start-up under that load."""
+        stdout, stderr = self.process.communicate(timeout=600)
+        if self.process.returncode != 0 and RAY_SLOW_START in stderr:
+            remove_sessions(self.process.pid)
+            shutil.rmtree(self.sweep_dir)
+            self.process = start_multirun(self.sweep_dir, *self.overrides)
+            stdout, stderr = self.process.communicate(timeout=600)
+        assert self.process.returncode == 0, stdout[-3000:] + stderr[-3000:]
+        return stdout
 
 
 def metrics(job_dir: Path) -> list[dict[str, float]]:
@@ -179,13 +200,12 @@ def metrics(job_dir: Path) -> list[dict[str, float]]:
 
 
 @pytest.fixture(scope="module")
-def ray_multirun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+def ray_multirun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Multirun]:
     """The Ray launcher's one-job multirun, disaggregated on 4 devices, started as a command on a Ray of its own (on
     a small machine much of it is waiting, for Ray and workers to start, which this process's sweep fills): what
     the basic launcher's hybrid job must reproduce."""
     ray_dir = tmp_path_factory.mktemp("ray")
-    process = start_multirun(
-        ray_dir,
+    overrides = (
         "cluster=local4",
         "placement=disaggregated",
         "logger=jsonl",
@@ -195,7 +215,9 @@ def ray_multirun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pat
         # A Ray of its own: with address None, ray.init would join whatever Ray another test started last.
         "hydra.launcher.ray.init.address=local",
     )
-    yield ray_dir, process
+    multirun = Multirun(ray_dir, overrides, start_multirun(ray_dir, *overrides))
+    yield multirun
+    process = multirun.process
     if process.poll() is None:  # a test that failed early leaves no multirun behind
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
@@ -203,9 +225,7 @@ def ray_multirun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pat
 
 
 @pytest.fixture(scope="module")
-def sweep(
-    shared_ray: None, ray_multirun: tuple[Path, subprocess.Popen[str]], tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, str]:
+def sweep(shared_ray: None, ray_multirun: Multirun, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The basic launcher's sweep, which feeds the report, run in this process (`train_here`) while the Ray
     launcher's multirun runs: its folder and stdout."""
     sweep_dir = tmp_path_factory.mktemp("basic")
@@ -257,14 +277,14 @@ def test_tiny_sweep_writes_report_charts_and_one_wandb_run_per_job(sweep: tuple[
 
 @pytest.mark.slow
 def test_neither_the_launcher_nor_the_placement_changes_results(
-    sweep: tuple[Path, str], ray_multirun: tuple[Path, subprocess.Popen[str]]
+    sweep: tuple[Path, str], ray_multirun: Multirun
 ) -> None:
     # The basic launcher's hybrid job on 2 devices, and the Ray launcher's disaggregated job on 4: both train with 2
     # actor ranks, so to the last bit.
     basic = metrics(sweep[0] / "2")
-    ray_dir, process = ray_multirun
-    finish(process)
-    assert not list(RAY_TEMP.glob(f"session_*_{process.pid}")), "the Ray launcher's Ray left its session folder"
+    ray_multirun.finish()
+    ray_dir = ray_multirun.sweep_dir
+    assert not list(RAY_TEMP.glob(f"session_*_{ray_multirun.process.pid}")), "the Ray launcher's Ray left its session"
     on_ray = metrics(ray_dir / "0")
     assert json.loads((ray_dir / "0" / RUN_INFO).read_text())["mode"] == "disaggregated"
     assert len(on_ray) == len(basic) == 2
