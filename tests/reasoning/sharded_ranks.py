@@ -1,6 +1,7 @@
 """Actor ranks as processes of their own (torch.multiprocessing, gloo over a file), training a tiny Qwen2 with
-`llm_update` under a training strategy: what tests/reasoning/test_sharded.py compares across strategies, rank counts,
-precisions and checkpoints. Each rank writes what it measured to `<out>/<name>.rank<r>.pt`."""
+`llm_update` under a training strategy, then scoring with an inference rank's frozen copy of the policy under the same
+strategy: what tests/reasoning/test_sharded.py compares across strategies, rank counts, precisions and checkpoints.
+Each rank writes what it measured to `<out>/<name>.rank<r>.pt`."""
 
 from __future__ import annotations
 
@@ -128,7 +129,6 @@ def _run_job(rank: int, job: Job, folder: Path, out: Path) -> None:
     batch, shard = batch_of(folder, rank, job.world_size)
     stats: dict[int, dict[str, float]] = {}
     offload: dict[str, object] = {}
-    result: dict[str, object] = {}
     for step in job.steps:
         batch.old_logprobs = response_logprobs(policy, batch)
         sum_over_ranks = None if shard is None else shard.sum_over_ranks
@@ -150,17 +150,19 @@ def _run_job(rank: int, job: Job, folder: Path, out: Path) -> None:
             dist.barrier()
             if rank == 0:
                 (out / job.save / ".done").touch()
-    result["copy"] = _frozen_copy(policy, strategy, folder, batch)
+    copy = _frozen_copy(rank, policy, strategy, folder, batch)
     weights = {
         f"{name}.{key}": tensor
         for name, (model, _) in trained.items()
         for key, tensor in strategy.full_state_dict(model).items()
     }
-    result.update(stats=stats, weights=weights, offload=offload)
+    result = {"stats": stats, "weights": weights, "offload": offload, "copy": copy}
     torch.save(result, out / f"{job.name}.rank{rank}.pt")
 
 
-def _frozen_copy(policy: torch.nn.Module, strategy: Strategy, folder: Path, batch: SequenceBatch) -> dict[str, object]:
+def _frozen_copy(
+    rank: int, policy: torch.nn.Module, strategy: Strategy, folder: Path, batch: SequenceBatch
+) -> dict[str, object]:
     """An inference rank's copy of the policy under the same strategy, holding the starting weights and having scored
     once (a sharded copy gathers its units then), given the trained policy's whole tensors as weight sync gives them:
     its log-probs and the policy's own for this rank's batch."""
@@ -171,7 +173,7 @@ def _frozen_copy(policy: torch.nn.Module, strategy: Strategy, folder: Path, batc
     # Three micro-batches over the ranks, scored by the copy and a reference model: rank 0 scores two, rank 1 one
     # and keeps in step for the second; sharded passes out of step would hang or gather the wrong model's shards.
     reference = strategy.wrap(load_causal_lm(folder).requires_grad_(False).eval(), trained=False)
-    mine = micro_batches_of(dist.get_rank() if dist.is_initialized() else 0, strategy.world_size, 3)
+    mine = micro_batches_of(rank, strategy.world_size, 3)
     scores["micro_batches"] = [(response_logprobs(copy, batch), response_logprobs(reference, batch)) for _ in mine]
     if strategy.collective_passes:
         rounds = len(micro_batches_of(0, strategy.world_size, 3))

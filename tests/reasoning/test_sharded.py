@@ -1,8 +1,8 @@
 """The sharded actor (`actor.strategy = fsdp`, FSDP2 over gloo on the CPU) trains what a full replica trains: the
 same losses and weights after 3 GRPO steps on a ~0.18 M-parameter Qwen2 of 4 layers (and PPO's critic beside it), a
 checkpoint written by 2 sharded ranks resuming on 1 full replica and the reverse, bf16 mixed precision close to fp32
-on the first step, activation checkpointing recomputing the same step, and offload/onload of sharded state keeping
-every value."""
+on the first step, activation checkpointing recomputing the same step, offload/onload of sharded state keeping
+every value, and an inference rank's sharded frozen copy scoring what the trained policy scores."""
 
 from __future__ import annotations
 
