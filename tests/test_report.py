@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,6 +188,8 @@ class Multirun:
         more, alone: what is tested is the launcher's results, not Ray's start-up under that load."""
         stdout, stderr = self.process.communicate(timeout=600)
         if self.process.returncode != 0 and RAY_SLOW_START in stderr:
+            with suppress(ProcessLookupError):  # what the failed start left running in the multirun's session
+                os.killpg(self.process.pid, signal.SIGKILL)
             remove_sessions(self.process.pid)
             shutil.rmtree(self.sweep_dir)
             self.process = start_multirun(self.sweep_dir, *self.overrides)
