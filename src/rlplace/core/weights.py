@@ -66,7 +66,6 @@ def _received(worker: Worker, src_group: str) -> tuple[int, Iterator[dict[str, t
     return first["version"], parts()
 
 
-@torch.no_grad()
 def receive_weights(worker: Worker, model: torch.nn.Module, src_group: str) -> int:
     """Receive what `broadcast_weights` sends from rank 0 of `src_group` into `model`, in place (into this rank's part
     of each tensor when `model` is sharded); returns its version."""

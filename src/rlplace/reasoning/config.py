@@ -17,7 +17,7 @@ from typing import ClassVar
 from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
 from rlplace.core.registry import absolute
-from rlplace.core.strategies import AUTO, DTYPES, STRATEGIES
+from rlplace.core.strategies import AUTO, DTYPES, STRATEGIES, resolve
 from rlplace.reasoning.algorithms import ALGORITHMS, IMPORTANCE_RATIOS, KL_CONTROLLERS, LOSS_AGGREGATIONS
 from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.models.registry import MODELS
@@ -325,6 +325,11 @@ class ActorConfig(ComponentConfig):
             )
         budget = self.max_tokens_per_micro_batch
         check(budget is None or budget >= 1, "actor.max_tokens_per_micro_batch", budget, "null or at least 1")
+
+    def strategy_for(self, world_size: int, on_gpu: bool) -> str:
+        """The strategy a group of `world_size` ranks holds the policy by (the actor's, the inference group's):
+        `strategy`, with `auto` resolved for that many ranks."""
+        return resolve(self.strategy, self.dtype, world_size, on_gpu)
 
 
 @dataclass

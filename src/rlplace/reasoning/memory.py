@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlplace.core import strategies
 from rlplace.core.errors import ConfigError
 from rlplace.core.schedule import offloaded_during
 from rlplace.placement import ComponentPlacement
@@ -164,7 +163,7 @@ def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement, source: Pr
 
 def _sharded(cfg: ReasoningConfig, ranks: int) -> bool:
     """Whether `ranks` ranks hold the policy sharded, under `actor.strategy`."""
-    return strategies.resolve(cfg.actor.strategy, cfg.actor.dtype, ranks, cfg.cluster.device_type == "gpu") == "fsdp"
+    return cfg.actor.strategy_for(ranks, cfg.cluster.device_type == "gpu") == "fsdp"
 
 
 def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: int) -> Usage:

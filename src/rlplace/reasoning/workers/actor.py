@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlplace.core import strategies
 from rlplace.core.data_parallel import Shard
 from rlplace.core.lr_schedule import lr_factor
 from rlplace.core.offload import HostCopies, move
@@ -64,7 +63,7 @@ class LLMActorWorker(Worker):
         self.model_path = model_path
         torch.manual_seed(cfg.runner.seed)
         actor, alg = cfg.actor, cfg.algorithm
-        name = strategies.resolve(actor.strategy, actor.dtype, self.world_size, self.device.type == "cuda")
+        name = actor.strategy_for(self.world_size, self.device.type == "cuda")
         self.strategy = build_strategy(name, self.world_size, self.device, actor.dtype, self.average_over_group)
         if self.world_size > 1 or self.strategy.collective_passes:
             self.init_process_group()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from rlplace.core import strategies
 from rlplace.core.offload import HostCopies, move
 from rlplace.core.strategies.base import build_strategy
 from rlplace.core.weights import receive_weights
@@ -32,9 +31,8 @@ class InferenceWorker(Worker):
     def __init__(self, cfg: ReasoningConfig, model_path: str, actor_world_size: int) -> None:
         self.cfg = cfg
         self.actor_world_size = actor_world_size
-        actor = cfg.actor
-        name = strategies.resolve(actor.strategy, actor.dtype, self.world_size, self.device.type == "cuda")
-        self.strategy = build_strategy(name, self.world_size, self.device, actor.dtype)
+        name = cfg.actor.strategy_for(self.world_size, self.device.type == "cuda")
+        self.strategy = build_strategy(name, self.world_size, self.device, cfg.actor.dtype)
         if self.strategy.collective_passes:
             self.init_process_group()
         self.policy = self._frozen(model_path)
