@@ -14,6 +14,9 @@ The inference table: two frozen copies of the same model under the same strategi
 as the inference group holds the policy and, with a KL term, the reference model) score one micro-batch of
 16 x 64 tokens each (`response_logprobs`); rank 0's peak against the prediction `rlplace.reasoning.memory` makes.
 
+The weight-sync table: an hf rollout engine of the same model takes one update, bucket by bucket, loading each as it
+arrives (as the rollout does), against receiving the whole update before loading it.
+
     .venv/bin/python benchmarks/actor_memory.py
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -29,9 +33,13 @@ import torch.multiprocessing as mp
 from results import write_section
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlplace.core.config import WeightSyncConfig
 from rlplace.core.strategies.base import Strategy, build_strategy
+from rlplace.core.weights import buckets
 from rlplace.planner.memory import TransformerShape
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
+from rlplace.reasoning.generation.hf import HFEngine
+from rlplace.reasoning.update import optimizer_step
 
 CONFIG = Qwen2Config(
     vocab_size=8192,
@@ -50,16 +58,19 @@ SCORED_ROWS, SCORED_HALF = 16, 32
 MIB = 2**20
 PARAMS = ("PARAM", "SHARDED_PARAM", "UNSHARDED_PARAM")
 GRADS = ("GRAD", "SHARDED_GRAD", "UNSHARDED_GRAD")
+HELD = "held"
 WORKING = ("ACT", "TEMP", "ALL_GATHER", "REDUCE_SCATTER")
 """What a pass holds beyond the training state: activations, temporaries, collective buffers."""
 
 
-def predicted(strategy: str, world_size: int) -> tuple[int, int]:
-    """The planner's (`rlplace.planner.memory`) training state and peak for one rank, as `rlplace.reasoning.memory`
-    predicts the actor's."""
+def predicted(strategy: str, world_size: int) -> tuple[int, int, int]:
+    """The planner's (`rlplace.planner.memory`) training state, peak and state held between updates for one rank, as
+    `rlplace.reasoning.memory` predicts the actor's."""
     shape = TransformerShape.from_config(CONFIG.to_dict())
-    state = shape.training_state_bytes(world_size, sharded=strategy == "fsdp", compute_bytes=4)
-    return state, state + shape.activation_bytes(ROWS, SEQ_LEN, checkpointing=False)
+    sharded = strategy == "fsdp"
+    state = shape.training_state_bytes(world_size, sharded, compute_bytes=4)
+    held = shape.state_bytes(world_size if sharded else 1)
+    return state, state + shape.activation_bytes(ROWS, SEQ_LEN, checkpointing=False), held
 
 
 def predicted_scoring(strategy: str, world_size: int) -> int:
@@ -101,6 +112,8 @@ def scoring_peak(rank: int, holder: Strategy) -> dict:
 
 
 def train_peak(rank: int, trainer: Strategy) -> dict:
+    """The peak's categories, and under `HELD` the bytes still held after the last update (what stays on the device
+    through weight sync and generation)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -115,10 +128,11 @@ def train_peak(rank: int, trainer: Strategy) -> dict:
     with tracker:
         for _ in range(STEPS):  # the optimizer state exists from the first step on: the second is the steady one
             model(input_ids=ids, labels=ids).loss.backward()
-            trainer.reduce_grads(model)
-            optimizer.step()
+            optimizer_step(model, optimizer, 1.0, trainer)  # the reasoning actor's: reduce, clip, step
             tracker.reset_mod_stats()
-    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+        optimizer.zero_grad(set_to_none=True)  # as `llm_update` ends
+    cpu = torch.device("cpu")
+    return {**tracker.get_tracker_snapshot("peak")[cpu], HELD: tracker.get_tracker_snapshot()[cpu]["Total"]}
 
 
 def measure(role: str, strategy: str, world_size: int) -> dict[str, int]:
@@ -150,6 +164,47 @@ def inference_table() -> list[str]:
     ]
 
 
+def sync_peak(folder: Path, streamed: bool) -> int:
+    """An hf rollout engine's peak while it takes one update of weight sync: its buckets, each a new tensor as a
+    received message is, loaded as they come (`received_tensors`, `HFEngine.load_weights`), or all received before
+    any is loaded."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    sender = Qwen2ForCausalLM(CONFIG).state_dict()
+    engine = HFEngine(str(folder), torch.device("cpu"))
+
+    def received() -> Iterator[tuple[str, torch.Tensor]]:
+        for bucket in buckets(sender, WeightSyncConfig().bucket_mb):
+            yield from {name: tensor.clone() for name, tensor in bucket.items()}.items()
+
+    tracker = MemTracker()
+    tracker.track_external(engine.model)
+    with tracker:
+        engine.load_weights(received() if streamed else dict(received()).items())
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+def sync_table() -> list[str]:
+    shape = TransformerShape.from_config(CONFIG.to_dict())
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        Qwen2ForCausalLM(CONFIG).save_pretrained(scratch)
+        for label, streamed in (("as they arrive", True), ("all, then loaded", False)):
+            peak = sync_peak(Path(scratch), streamed)
+            rows.append(f"| {label} | {peak / MIB:.0f} | {peak / (4 * shape.parameters()):.2f} |")
+            print(rows[-1], file=sys.stderr)
+    bucket_mb = WeightSyncConfig().bucket_mb
+    predicted = 4 * shape.parameters() + shape.bucket_bytes(bucket_mb)
+    return [
+        f"Rollout rank (hf engine, float32) taking one weight-sync update in buckets of {bucket_mb:g} MB; its peak, "
+        f"MiB, and in units of its weights. Predicted (buckets loaded as they arrive): {predicted / MIB:.0f} MiB.",
+        "",
+        "| buckets loaded | peak | x weights |",
+        "| --- | ---: | ---: |",
+        *rows,
+    ]
+
+
 def main() -> None:
     parameters = sum(p.numel() for p in Qwen2ForCausalLM(CONFIG).parameters())
     rows = []
@@ -161,26 +216,29 @@ def main() -> None:
         total = params + grads + peak["OPT"]
         working = sum(peak.get(k, 0) for k in WORKING)
         baseline = baseline or total
-        state, whole = predicted(strategy, world_size)
+        state, whole, held = predicted(strategy, world_size)
         rows.append(
             f"| {strategy} | {world_size} | {params / MIB:.0f} | {grads / MIB:.0f} | {peak['OPT'] / MIB:.0f} | "
             f"{total / MIB:.0f} | {baseline / world_size / MIB:.0f} | {total / baseline:.0%} | {state / MIB:.0f} | "
             f"{working / MIB:.0f} | {(total + working) / MIB:.0f} | {whole / MIB:.0f} | "
-            f"{whole / (total + working) - 1:+.0%} |"
+            f"{whole / (total + working) - 1:+.0%} | {peak[HELD] / MIB:.0f} | {held / MIB:.0f} |"
         )
         print(rows[-1], file=sys.stderr)
     table = "\n".join(
         [
             f"Qwen2-shaped, {parameters / 1e6:.1f} M parameters, float32, AdamW, passes of {ROWS} x {SEQ_LEN} "
             "tokens; rank 0's peak, MiB. Training state = parameters + gradients + optimizer; working = activations, "
-            "temporaries and collective buffers; predicted = `rlplace.planner.memory`.",
+            "temporaries and collective buffers; predicted = `rlplace.planner.memory`; held = what the rank still "
+            "holds after an update, through weight sync and generation.",
             "",
             "| strategy | ranks | parameters | gradients | optimizer | state | ideal (1/N) | of 1 rank "
-            "| predicted state | working | peak | predicted peak | error |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| predicted state | working | peak | predicted peak | error | held | predicted held |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
             *rows,
             "",
             *inference_table(),
+            "",
+            *sync_table(),
         ]
     )
     print(table)

@@ -89,6 +89,14 @@ def test_placement_presets_offload_the_rollout(compose_cfg, overrides: list[str]
     assert resolve(compose_cfg(*overrides)).cfg.rollout.enable_offload
 
 
+def test_the_reasoning_collocated_preset_offloads_the_inference_group_too(compose_cfg) -> None:
+    cfg = resolve(compose_cfg("experiment=arithmetic_grpo", "placement=reasoning_collocated")).cfg
+    assert cfg.offloadable == {"actor": True, "rollout": True, "inference": True, "reward": False}
+    kept = resolve(compose_cfg("experiment=arithmetic_grpo", "inference.enable_offload=false")).cfg
+    assert not kept.offloadable["inference"]
+    with pytest.raises(ConfigError, match=r"^inference = .*this embodied run has no inference section"):
+        resolve(compose_cfg("placement=collocated", "+inference.enable_offload=true"))
+
 # Options with a mandatory value (`???`) compose once it is given.
 REQUIRED_VALUES = {"task=dataset": ["task.train_path=train.jsonl"], "model=hf": ["model.path=/models/qwen"]}
 

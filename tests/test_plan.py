@@ -103,7 +103,7 @@ def test_reasoning_options_on_an_embodied_task_are_refused_naming_the_section(
 
 
 def test_a_reasoning_placement_on_an_embodied_task_is_refused(compose_cfg) -> None:
-    with pytest.raises(PlacementError, match="unknown component 'reward' for this task"):
+    with pytest.raises(ConfigError, match=r"^inference = .*no inference section .*preset of the other task family"):
         resolve(compose_cfg("placement=reasoning_collocated"))
 
 

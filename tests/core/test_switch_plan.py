@@ -77,3 +77,20 @@ def test_node_group_components_hold_no_devices() -> None:
         "generate_rollouts": Switch(offload=("actor",)),
         "training": Switch(offload=("rollout",), onload=("actor",)),
     }
+
+
+def test_reasoning_collocated_preset_moves_the_inference_models_out_while_the_actor_trains() -> None:
+    # The reasoning phases: sync_weights (actor, rollout, inference), generate_rollouts (rollout, reward, inference),
+    # training (actor). Everything on one device, as placement=reasoning_collocated sets the switches (a rule reward
+    # holds no device memory): the engine and the inference group's models leave for training and come back to
+    # receive the new weights.
+    from rlplace.reasoning.config import COMPONENTS as REASONING
+    from rlplace.reasoning.phases import PHASES as REASONING_PHASES
+
+    devices = dict.fromkeys(REASONING, frozenset({0}))
+    offloadable = {"actor": True, "rollout": True, "inference": True, "reward": False}
+    assert switch_plan(REASONING_PHASES, devices, offloadable) == {
+        "sync_weights": Switch(onload=("rollout", "inference")),
+        "generate_rollouts": Switch(offload=("actor",)),
+        "training": Switch(offload=("rollout", "inference"), onload=("actor",)),
+    }

@@ -65,12 +65,14 @@ def test_sharding_divides_the_actors_state_and_offload_empties_the_idle_phase(mo
         f"model.path={model_path}",
         "cluster.num_devices_per_node=2",
         "algorithm.kl_coef=0.01",  # the inference group holds the reference model beside its copy of the policy
+        "weight_sync.bucket_mb=0.01",  # several buckets: the vocabulary matrix (25.6 kB) alone, the layers in others
     ]
     replica = predict_memory(*_plan([*overrides, "actor.strategy=ddp"]))
     sharded = predict_memory(*_plan([*overrides, "actor.strategy=fsdp"]))
     shape = TransformerShape.from_config(json.loads((model_path / "config.json").read_text()))
-    assert replica.usage["actor"].resident == 16 * shape.parameters()
-    assert sharded.usage["actor"].resident == 8 * shape.parameters()  # its shards; a unit is gathered in a pass only
+    # Between updates a rank holds weights and AdamW's moments (the gradients are freed after each optimizer step).
+    assert replica.usage["actor"].resident == 12 * shape.parameters()
+    assert sharded.usage["actor"].resident == 6 * shape.parameters()  # its shards; a unit is gathered in a pass only
     unit = 8 * shape.largest_unit()  # gathered in the compute precision (fp32) with its unreduced gradient
     assert replica.usage["actor"].working["training"] - sharded.usage["actor"].working["training"] == (
         8 * shape.parameters() - unit
@@ -81,11 +83,17 @@ def test_sharding_divides_the_actors_state_and_offload_empties_the_idle_phase(mo
     assert sharded.usage["inference"].resident == 4 * shape.parameters()
     whole, halved = (run.usage["inference"].in_phase("generate_rollouts") for run in (replica, sharded))
     assert whole - halved == 4 * shape.parameters() - 4 * shape.largest_unit()
-    # Collocated with offload (the preset): the actor is off both devices while the others generate, and the rollout
-    # engine while the actor trains; the inference copy stays (it never offloads).
+    # Collocated with offload (the preset): the actor is off both devices while the others generate, the rollout
+    # engine and the inference group's models while the actor trains.
     generate = replica.peaks[0]["generate_rollouts"]
     assert generate == sum(replica.usage[c].in_phase("generate_rollouts") for c in ("rollout", "inference"))
-    assert replica.peaks[0]["training"] == replica.usage["actor"].peak + replica.usage["inference"].resident
+    assert replica.peaks[0]["training"] == replica.usage["actor"].peak
+    kept = predict_memory(*_plan([*overrides, "actor.strategy=ddp", "inference.enable_offload=false"]))
+    assert kept.peaks[0]["training"] == replica.usage["actor"].peak + replica.usage["inference"].resident
+    # Weight sync loads the actor's tensors as they arrive: each receiver holds one bucket beside its weights.
+    bucket = 4 * shape.embedding_parameters()  # the vocabulary matrix travels alone when larger than bucket_mb
+    for name in ("rollout", "inference"):
+        assert replica.usage[name].in_phase("sync_weights") == replica.usage[name].resident + bucket
 
 
 def _plan(overrides: list[str], profile: Path | None = None):

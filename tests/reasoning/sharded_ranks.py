@@ -168,7 +168,7 @@ def _frozen_copy(
     its log-probs and the policy's own for this rank's batch."""
     copy = strategy.wrap(load_causal_lm(folder).requires_grad_(False).eval(), trained=False)
     before = response_logprobs(copy, batch)
-    load_whole(copy.state_dict(), {name: gathered(tensor) for name, tensor in policy.state_dict().items()})
+    load_whole(copy.state_dict(), ((name, gathered(tensor)) for name, tensor in policy.state_dict().items()))
     scores = {"before": before, "after": response_logprobs(copy, batch), "policy": response_logprobs(policy, batch)}
     # Three micro-batches over the ranks, scored by the copy and a reference model: rank 0 scores two, rank 1 one
     # and keeps in step for the second; sharded passes out of step would hang or gather the wrong model's shards.

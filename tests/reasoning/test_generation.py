@@ -167,7 +167,7 @@ def test_cuda_graphs_decode_the_same_tokens_as_eager_and_follow_weight_updates(m
     assert _greedy(graphs, models.prompts) == expected
     sampled = eager.generate(prompts, ids, max_new_tokens=8, temperature=1.5, seed=2)
     assert graphs.generate(prompts, ids, max_new_tokens=8, temperature=1.5, seed=2) == sampled
-    differences = load_causal_lm(models.differences).state_dict()
+    differences = load_causal_lm(models.differences).state_dict().items()
     graphs.load_weights(differences)
     eager.load_weights(differences)
     assert _greedy(graphs, models.prompts) == _greedy(eager, models.prompts) != expected
@@ -181,11 +181,11 @@ def test_load_weights_in_place_switches_both_engines_to_the_new_model(models, hf
     before = _greedy(hf, models.prompts)
     fresh = _greedy(make_engine("hf", str(models.differences), "cpu"), models.prompts)
     assert fresh != before
-    differences = load_causal_lm(models.differences).state_dict()
+    differences = load_causal_lm(models.differences).state_dict().items()
     for engine in (hf, vllm):
         engine.load_weights(differences)
         assert _greedy(engine, models.prompts) == fresh
-    sums = load_causal_lm(models.sums).state_dict()
+    sums = load_causal_lm(models.sums).state_dict().items()
     for engine in (hf, vllm):
         engine.load_weights(sums)
         assert _greedy(engine, models.prompts) == before

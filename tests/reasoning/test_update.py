@@ -208,6 +208,8 @@ def test_ppo_critic_fits_the_returns(folder):
     # costing 0.5 * (4 * 0.25 + 3 * 0.0625 + 0.5625) / 20 tokens = 0.044.
     assert losses[-1] < 0.07 and losses[-1] < 0.5 * losses[0], losses
     assert "train/value_loss" in stats and stats["train/value_loss"] > 0
+    # Nothing of the update stays behind it: the gradients of both models are freed.
+    assert all(p.grad is None for model in (policy, critic) for p in model.parameters())
     with pytest.raises(ValueError, match="critic"):
         llm_update(policy, optimizer, batch, advantages, params, generator)
 

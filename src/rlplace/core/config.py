@@ -373,8 +373,8 @@ class RunConfig:
 @dataclass
 class TrainSchema(RunConfig):
     """Hydra's primary schema (`train_schema` in rlplace/conf/train.yaml): the shared sections typed here, the family
-    sections typed by the schema their option file starts from; `actor` and `env` are set by placement presets, and
-    `reward` (reasoning runs) by its config group."""
+    sections typed by the schema their option file starts from; `actor`, `env` and `inference` are set by placement
+    presets, and `reward` (reasoning runs) by its config group."""
 
     task: Any = MISSING
     model: Any = MISSING
@@ -382,6 +382,7 @@ class TrainSchema(RunConfig):
     rollout: Any = MISSING
     actor: Any = None
     env: Any = None
+    inference: Any = None
     reward: Any = None
 
 

@@ -49,7 +49,7 @@ def switch_plan(
                 for c in devices
                 if offloadable.get(c) and c not in working and c not in offloaded and devices[c] & busy
             )
-            onload = tuple(c for c in working if c in offloaded)
+            onload = tuple(c for c in devices if c in working and c in offloaded)  # in a fixed order, as offload
             offloaded.update(offload)
             offloaded.difference_update(onload)
             plan[name] = Switch(offload, onload)

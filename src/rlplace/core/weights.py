@@ -12,7 +12,7 @@ its own part of each tensor it receives.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -53,42 +53,31 @@ def broadcast_weights(worker: Worker, model: torch.nn.Module, version: int, dst_
     return len(parts)
 
 
-def _received(worker: Worker, src_group: str) -> tuple[int, Iterator[dict[str, torch.Tensor]]]:
-    """The version of one update sent by `broadcast_weights`, and its buckets (the later ones received as they are
-    taken)."""
+def received_tensors(worker: Worker, src_group: str) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
+    """The version of one update sent by `broadcast_weights`, and its whole tensors by name, bucket by bucket: each
+    later bucket is received when the one before has been consumed, so a receiver that loads them as they come holds
+    one bucket beside its weights, never the whole state dict."""
     first = worker.recv(src_group, 0)
 
-    def parts() -> Iterator[dict[str, torch.Tensor]]:
-        yield first["tensors"]
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        yield from first.pop("tensors").items()
         for _ in range(first["num_buckets"] - 1):
-            yield worker.recv(src_group, 0)["tensors"]
+            yield from worker.recv(src_group, 0)["tensors"].items()
 
-    return first["version"], parts()
+    return first["version"], tensors()
 
 
 def receive_weights(worker: Worker, model: torch.nn.Module, src_group: str) -> int:
     """Receive what `broadcast_weights` sends from rank 0 of `src_group` into `model`, in place (into this rank's part
     of each tensor when `model` is sharded); returns its version."""
-    version, parts = _received(worker, src_group)
-    state = model.state_dict()
-    for part in parts:
-        load_whole(state, part)
+    version, tensors = received_tensors(worker, src_group)
+    load_whole(model.state_dict(), tensors)
     return version
 
 
 @torch.no_grad()
-def load_whole(state: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
-    """Copy whole tensors into a model's `state` dict of the same names, each into this rank's part of it when it is
-    sharded."""
-    for name, tensor in tensors.items():
+def load_whole(state: dict[str, torch.Tensor], tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy whole tensors, by name, into a model's `state` dict of the same names, each into this rank's part of it
+    when it is sharded."""
+    for name, tensor in tensors:
         local_part(state[name]).copy_(part_of(tensor, state[name]))
-
-
-def receive_state(worker: Worker, src_group: str) -> tuple[int, dict[str, torch.Tensor]]:
-    """Receive what `broadcast_weights` sends as a whole state dict, for holders that load weights themselves
-    (an inference engine whose parameters are not a torch module of ours); returns (version, state)."""
-    version, parts = _received(worker, src_group)
-    state: dict[str, torch.Tensor] = {}
-    for part in parts:
-        state.update(part)
-    return version, state

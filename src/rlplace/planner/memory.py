@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 GB = 1e9
 FP32_BYTES = 4
+ADAMW_STATE_BYTES = 3 * FP32_BYTES
+"""A trained parameter between updates: its float32 weight and AdamW's two moments."""
 
 
 @dataclass(frozen=True)
@@ -78,20 +80,27 @@ class TransformerShape:
         return max(self.layer_parameters(), self.embedding_parameters())
 
     def state_bytes(self, ranks: int, head: bool = True) -> int:
-        """One rank's share of the float32 weights, gradients and AdamW moments (16 bytes a parameter): what stays on
-        its device between training phases (`ranks` 1 for a replica)."""
-        return -(-16 * self.parameters(head) // ranks)
+        """One rank's share of the float32 weights and AdamW's two moments (12 bytes a parameter): what stays on its
+        device between updates, which free the gradients after each optimizer step (`ranks` 1 for a replica)."""
+        return -(-ADAMW_STATE_BYTES * self.parameters(head) // ranks)
 
     def training_state_bytes(self, ranks: int, sharded: bool, compute_bytes: int, head: bool = True) -> int:
-        """One rank's training state inside a pass: a replica's whole state; sharded, 1/`ranks` of it plus one
-        gathered unit in the compute precision and its unreduced float32 gradient."""
+        """One rank's training state inside a pass, its float32 gradients included: a replica's whole state;
+        sharded, 1/`ranks` of it plus one gathered unit in the compute precision and its unreduced gradient."""
+        whole = (ADAMW_STATE_BYTES + FP32_BYTES) * self.parameters(head)
         if not sharded:
-            return self.state_bytes(1, head)
-        return self.state_bytes(ranks, head) + self.largest_unit() * (compute_bytes + 4)
+            return whole
+        return -(-whole // ranks) + self.largest_unit() * (compute_bytes + FP32_BYTES)
 
     def frozen_bytes(self, ranks: int, sharded: bool) -> int:
         """One rank's float32 copy of the model for forward passes alone: the whole of it, or sharded 1/`ranks`."""
         return -(-FP32_BYTES * self.parameters() // (ranks if sharded else 1))
+
+    def bucket_bytes(self, bucket_mb: float) -> int:
+        """The largest bucket of float32 weight sync sends: `bucket_mb`, or the vocabulary matrix, which travels alone
+        when larger (`core.weights.buckets`); the whole state dict when that is smaller."""
+        largest = max(int(bucket_mb * 1e6), self.embedding_parameters() * FP32_BYTES)
+        return min(largest, self.state_dict_parameters() * FP32_BYTES)
 
     def scoring_bytes(self, rows: int, seq_len: int) -> int:
         """A forward pass's output for log-probs of `rows` x `seq_len` tokens: the float32 logits and their

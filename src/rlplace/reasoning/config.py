@@ -34,6 +34,7 @@ __all__ = [
     "ArithmeticTaskConfig",
     "GenerationConfig",
     "DatasetTaskConfig",
+    "InferenceConfig",
     "LMConfig",
     "MultiTurnConfig",
     "PretrainConfig",
@@ -333,6 +334,14 @@ class ActorConfig(ComponentConfig):
 
 
 @dataclass
+class InferenceConfig(ComponentConfig):
+    """The inference group's section: whether it leaves devices it shares while the actor trains (placement presets
+    set it). It holds the policy as the actor's ranks do (`actor.strategy`, `actor.dtype`), so it has no model
+    settings of its own; moving it out and back each step costs its copy of the policy and, with a KL term, the
+    reference model."""
+
+
+@dataclass
 class RewardConfig(ComponentConfig):
     """How the reward workers score a response (`rlplace.reasoning.rewards`): a section of its own rather than a task
     field, so that one task's data can be scored in several ways, and the `reward` component's section (a reward
@@ -387,6 +396,7 @@ class ReasoningConfig(RunConfig):
     algorithm: ReasoningAlgorithmConfig = field(default_factory=ReasoningAlgorithmConfig)
     rollout: GenerationConfig = field(default_factory=GenerationConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
 
     @property
@@ -395,6 +405,7 @@ class ReasoningConfig(RunConfig):
         return {
             "actor": self.actor.enable_offload,
             "rollout": self.rollout.enable_offload,
+            "inference": self.inference.enable_offload,
             "reward": self.reward.enable_offload and self.reward.model_path is not None,
         }
 

@@ -2,12 +2,13 @@
 anything starts when it exceeds `cluster.device_memory_gb`.
 
 Per rank, from the model folder's `config.json` and the run's sizes:
-- actor: float32 weights, gradients and AdamW's two moments (16 bytes a parameter; with `actor.strategy = fsdp` 1/N of
-  them per rank, plus one gathered unit in the compute precision and its unreduced gradient), the critic's alike
-  for ppo; working, the activations of its largest training pass;
+- actor: float32 weights and AdamW's two moments (12 bytes a parameter; with `actor.strategy = fsdp` 1/N of them per
+  rank), the critic's alike for ppo; training, its float32 gradients too (freed after each optimizer step), one
+  gathered unit in the compute precision and its unreduced gradient when sharded, and the activations of its largest
+  training pass;
 - rollout: the engine's weights in its precision (float32 for hf, bfloat16 for vLLM on a GPU) and the KV cache of a
   micro-batch's responses at full length; a vLLM engine on a GPU reserves `rollout.gpu_memory_utilization` of the
-  device instead; in weight sync, the whole float32 state dict received beside its weights;
+  device instead; in weight sync, one float32 bucket beside its weights;
 - inference: its copy of the policy and, with a KL term, the reference model, in float32, held as the actor holds
   the policy (under fsdp 1/N of each per rank, plus one gathered unit in the compute precision during a pass), and a
   scoring pass's logits; in weight sync, one bucket beside them;
@@ -179,21 +180,22 @@ def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: i
     activations = shape.activation_bytes(max(rows, 1), seq_len, cfg.actor.gradient_checkpointing, compute)
     working = {"training": state + activations}
     if sharded and ranks > 1:  # weight sync gathers one bucket of the whole model at a time
-        working["sync_weights"] = resident + _bucket_bytes(cfg, shape)
+        working["sync_weights"] = resident + shape.bucket_bytes(cfg.weight_sync.bucket_mb)
     return Usage(resident, working)
 
 
 def _rollout(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu: bool) -> Usage:
     """The hf engine keeps the policy in float32 (it samples what the actor scores); vLLM in the model's bfloat16.
-    Weight sync gathers the whole state dict as the actor sends it (float32) before the engine loads it."""
+    Weight sync loads the actor's float32 tensors bucket by bucket as they arrive (`core.weights.received_tensors`)."""
     dtype = BF16 if on_gpu and cfg.rollout.backend == "vllm" else FP32
     weights = shape.parameters() * dtype
     rows = cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size
     working = weights + shape.kv_cache_bytes(rows * seq_len, dtype)
     if on_gpu and cfg.rollout.backend == "vllm" and cfg.cluster.device_memory_gb is not None:
         working = max(working, int(cfg.rollout.gpu_memory_utilization * cfg.cluster.device_memory_gb * GB))
-    received = weights + shape.state_dict_parameters() * FP32
-    return Usage(weights, {"sync_weights": received, "generate_rollouts": working})
+    return Usage(
+        weights, {"sync_weights": weights + shape.bucket_bytes(cfg.weight_sync.bucket_mb), "generate_rollouts": working}
+    )
 
 
 def _inference(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: int) -> Usage:
@@ -205,15 +207,8 @@ def _inference(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_le
     gathered = shape.largest_unit() * (BF16 if cfg.actor.dtype == "bf16" else FP32) if sharded else 0
     rows = min(SCORING_ROWS, cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size)  # `response_logprobs`' pass
     scoring = weights + gathered + shape.scoring_bytes(rows, seq_len)
-    working = {"sync_weights": weights + _bucket_bytes(cfg, shape), "generate_rollouts": scoring}
+    working = {"sync_weights": weights + shape.bucket_bytes(cfg.weight_sync.bucket_mb), "generate_rollouts": scoring}
     return Usage(weights, working)
-
-
-def _bucket_bytes(cfg: ReasoningConfig, shape: TransformerShape) -> int:
-    """The largest bucket of weight sync, in float32: `weight_sync.bucket_mb`, or the vocabulary matrix, which travels
-    alone when larger (`core.weights.buckets`); the whole state dict when that is smaller."""
-    largest = max(int(cfg.weight_sync.bucket_mb * 1e6), shape.embedding_parameters() * FP32)
-    return min(largest, shape.state_dict_parameters() * FP32)
 
 
 def _longest_prompt(source: PromptSource, folder: Path) -> int:

@@ -48,6 +48,9 @@ from rlplace.reasoning.tasks import make_prompt_source
 
 STAGES = ("rollout", "reward", "inference")
 """The generating stages, in pipeline order."""
+OFFLOADED = ("actor", "rollout", "inference")
+"""The components whose offload switch a candidate sets: on where it shares a device with another. (A reward model's
+is on by default and left as the run sets it.)"""
 FORWARD_SHARE = 1 / 3
 """A forward pass's share of a training pass (forward and backward; the backward costs about twice the forward)."""
 DEFAULT_SWITCH_S = 0.01
@@ -342,14 +345,13 @@ def search(cfg: ReasoningConfig, model: StepModel) -> list[Ranked]:
         placement = ComponentPlacement(where, nodes, per_node, components=COMPONENTS)
         if limit is not None and sum(placement.get_world_size(c) for c in COMPONENTS) > limit * nodes:
             continue
-        offload = {name: shares(where, name, placement) for name in ("actor", "rollout")}
+        offload = {name: shares(where, name, placement) for name in OFFLOADED}
         layout = model.layout(placement, cores)
         for staleness in (0, 1):
             candidate = replace(
                 cfg,
                 cluster=replace(cfg.cluster, component_placement=dict(where)),
-                actor=replace(cfg.actor, enable_offload=offload["actor"]),
-                rollout=replace(cfg.rollout, enable_offload=offload["rollout"]),
+                **_offloaded(cfg, offload),
                 runner=replace(cfg.runner, max_staleness=staleness),
             )
             try:
@@ -371,9 +373,13 @@ def place(cfg: ReasoningConfig, best: Ranked) -> ReasoningConfig:
     return replace(
         cfg,
         cluster=replace(cfg.cluster, component_placement=dict(best.component_placement)),
-        actor=replace(cfg.actor, enable_offload=best.offload["actor"]),
-        rollout=replace(cfg.rollout, enable_offload=best.offload["rollout"]),
+        **_offloaded(cfg, best.offload),
     )
+
+
+def _offloaded(cfg: ReasoningConfig, offload: Mapping[str, bool]) -> dict[str, Any]:
+    """The sections of `cfg` whose offload switches a candidate sets, as `replace` keywords."""
+    return {name: replace(getattr(cfg, name), enable_offload=offload[name]) for name in OFFLOADED}
 
 
 def ranked(cfg: ReasoningConfig) -> list[Ranked]:

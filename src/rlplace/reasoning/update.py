@@ -221,7 +221,7 @@ def llm_update(
     whole batch); the update and its stats are then the global batch's. `max_tokens_per_micro_batch` cuts each
     optimizer step's rows into passes of about that many tokens (`micro_batches`); None: one pass per step.
     `max_response_tokens` is the generation budget (rollout.max_new_tokens), which alg.loss_agg
-    `seq_mean_token_sum_norm` divides by.
+    `seq_mean_token_sum_norm` divides by. The gradients are freed at the end.
     """
     if batch.old_logprobs is None:
         raise ValueError("llm_update needs batch.old_logprobs (the inference worker fills them)")
@@ -288,6 +288,11 @@ def llm_update(
         for key in keys:  # detached; read once at the end (no device syncs per step)
             stats[key].append(step_stats[key].float())
 
+    for stepped in (optimizer, critic_optimizer):
+        # Kept for the next update to zero, the gradients would hold 4 bytes a parameter on the actor's devices through
+        # weight sync and generation, and an offloaded actor would move them out and back each step.
+        if stepped is not None:
+            stepped.zero_grad(set_to_none=True)
     for model, mode in modes:
         model.train(mode)
     stacked = {key: torch.stack(values) for key, values in stats.items()}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -53,8 +53,10 @@ class GenerationEngine(Protocol):
         """
         ...
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Replace the weights in place with `state` (Hugging Face parameter names); the engine keeps running."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the weights in place with `weights`, every tensor of the model by its Hugging Face name, each loaded
+        as it comes (weight sync streams them bucket by bucket: `core.weights.received_tensors`); the engine keeps
+        running."""
         ...
 
     def sleep(self) -> None:

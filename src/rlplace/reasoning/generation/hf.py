@@ -10,7 +10,7 @@ one per bucket of (rows, cache length), kept until `sleep` frees the device memo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -126,10 +126,21 @@ class HFEngine:
             out.append(row[: stops[0] + 1] if stops else row)
         return out
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy `state` into the model's parameters (strict: every name must match). In place, so captured
-        graphs, which point at the parameters, decode with the new weights."""
-        self.model.load_state_dict(state, strict=True)
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy each tensor into the model's tensor of that name as it comes, in place, so captured graphs, which point
+        at the parameters, decode with the new weights. Strict, as `load_state_dict` is: every name must be the
+        model's, and every tensor of the model must come."""
+        state = self.model.state_dict()
+        missing = set(state)
+        for name, tensor in weights:
+            if name not in state:
+                raise KeyError(f"load_weights: {name} is not a tensor of the rollout's model")
+            state[name].copy_(tensor)
+            missing.discard(name)
+        if missing:
+            lacking = ", ".join(sorted(missing)[:3])
+            raise KeyError(f"load_weights: the update lacks {len(missing)} of the model's tensors ({lacking}, ...)")
 
     def sleep(self) -> None:
         """On a GPU, move the weights to pinned host memory (`core.offload.move`: at the pinned copy rate, where

@@ -21,7 +21,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -148,9 +148,11 @@ class VLLMEngine:
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         return [list(out.outputs[0].token_ids) for out in outputs]
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Reload the weights in place, then drop cached prefixes: their keys and values came from the old ones."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Reload the weights in place, consuming `weights` as vLLM's loader takes them (the engine runs in this
+        process, so the stream is handed over as it is), then drop cached prefixes: their keys and values came from
+        the old ones."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from transformers import AutoConfig
 
-from rlplace.core.weights import StaleWeightsError, receive_state
+from rlplace.core.weights import StaleWeightsError, received_tensors
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.evaluation import Answered, sample_ids
@@ -63,8 +63,8 @@ class LLMRolloutWorker(Worker):
     @timer("sync_weights")
     def sync_weights(self) -> int:
         """Receive the actor's weights (broadcast by actor rank 0) into the running engine; returns their version."""
-        self.version, state = receive_state(self, src_group="actor")
-        self.engine.load_weights(state)
+        self.version, weights = received_tensors(self, src_group="actor")
+        self.engine.load_weights(weights)
         return self.version
 
     def generate(self, step: int, version: int, out: Channel) -> int:
