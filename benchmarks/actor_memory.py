@@ -170,11 +170,12 @@ def sync_peak(folder: Path, streamed: bool) -> int:
     any is loaded."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    sender = Qwen2ForCausalLM(CONFIG).state_dict()
+    # Cut before tracking: the tracker would count each bucket's views of the sender's tensors as new memory.
+    sent = buckets(Qwen2ForCausalLM(CONFIG).state_dict(), WeightSyncConfig().bucket_mb)
     engine = HFEngine(str(folder), torch.device("cpu"))
 
     def received() -> Iterator[tuple[str, torch.Tensor]]:
-        for bucket in buckets(sender, WeightSyncConfig().bucket_mb):
+        for bucket in sent:
             yield from {name: tensor.clone() for name, tensor in bucket.items()}.items()
 
     tracker = MemTracker()

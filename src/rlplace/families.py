@@ -139,7 +139,7 @@ FAMILIES = (
         # Two ranks a component, offloading and training apart: between the others in everything the model scales.
         profile_placement=lambda devices: "reasoning_hybrid" if devices >= 2 else "reasoning_collocated",
         shape=reasoning_profile.shape,
-        own_sections=("reward", "actor"),
+        own_sections=("reward", "actor", "inference"),
         memory=reasoning_memory.predict_memory,
         option_schemas={"task": REASONING_TASKS},
         epoch_steps=lambda cfg: steps_for_epochs(cfg.task, cfg.runner.max_epochs),

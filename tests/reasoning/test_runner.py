@@ -42,6 +42,7 @@ from rlplace.placement import PlacementError
 from rlplace.planner import PROFILE_FILE
 from rlplace.reasoning.export import main as export_main
 from rlplace.reasoning.launch import check_checkpoint, checkpoint_identity
+from rlplace.reasoning.memory import predict_memory
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.replace import switches
@@ -61,7 +62,8 @@ ASYNC_PPO = [
     "algorithm.kl_horizon=16",  # ... by up to 20%: a step's 16 responses
 ]
 RUNS = {
-    # Every component on device 0 (of one core), taking turns: the actor and rollout offload while the others work.
+    # Every component on device 0 (of one core), taking turns: the actor, rollout and inference offload while the
+    # others work.
     # PPO: its critic's GAE advantages are not all 0 even when every reward is (an untrained model answers nothing
     # right), so the weights change every step and a resume has real state to continue from. One step off
     # (runner.max_staleness=1): each checkpoint holds the micro-batches of the next step, generated ahead. Device 1
@@ -72,6 +74,7 @@ RUNS = {
         *ON_DEVICE_0,
         "actor.enable_offload=true",
         "rollout.enable_offload=true",
+        "inference.enable_offload=true",
     ],
     # Each stage on its own device, 16 micro-batches of 8-token responses per step streaming through them (enough
     # for the stages to overlap even when generation is quick), routed over 2 actor ranks that average their
@@ -322,6 +325,26 @@ def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choic
     by_hand = resolve(compose_run([*same, "cluster=local4", *shlex.split(auto.ranking[0].overrides)]))
     assert replace(auto.cfg, plan=by_hand.cfg.plan) == by_hand.cfg
     assert auto.placement.to_dict() == by_hand.placement.to_dict()
+    # With the devices' memory known, a candidate may also keep resident what the switch plan would move: on one
+    # device with room for everything, nothing moves in the fastest; with room for the step only when every idle
+    # component leaves, each candidate offloads (the memory check leaves out the others).
+    one = [*same, "cluster.num_devices_per_node=1"]
+    moving = _device_need(resolve(compose_run([*one, "placement=reasoning_collocated"])))
+    kept = ("actor", "rollout", "inference")
+    resident = [f"{name}.enable_offload=false" for name in kept]
+    staying = _device_need(resolve(compose_run([*one, "placement=reasoning_collocated", *resident])))
+    assert moving < staying
+    roomy = resolve(compose_run([*one, f"cluster.device_memory_gb={2 * staying}", "placement=auto"]))
+    assert len(roomy.ranking) == 8 and not any(roomy.ranking[0].offload.values())  # 2^3 choices at the run's K
+    assert {name: getattr(roomy.cfg, name).enable_offload for name in kept} == roomy.ranking[0].offload
+    tight = resolve(compose_run([*one, f"cluster.device_memory_gb={(moving + staying) / 2}", "placement=auto"]))
+    assert tight.ranking and all(any(r.offload.values()) for r in tight.ranking)
+
+
+def _device_need(plan) -> float:
+    """The predicted peak of the busiest device in its busiest phase, GB."""
+    memory = predict_memory(plan.cfg, plan.placement)
+    return max(max(phases.values()) for phases in memory.peaks.values()) / 1e9
 
 
 @pytest.mark.slow

@@ -374,7 +374,7 @@ class RunConfig:
 class TrainSchema(RunConfig):
     """Hydra's primary schema (`train_schema` in rlplace/conf/train.yaml): the shared sections typed here, the family
     sections typed by the schema their option file starts from; `actor`, `env` and `inference` are set by placement
-    presets, and `reward` (reasoning runs) by its config group."""
+    presets, and `reward`, `actor` and `inference` (reasoning runs) by their config groups."""
 
     task: Any = MISSING
     model: Any = MISSING

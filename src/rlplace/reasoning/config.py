@@ -335,10 +335,10 @@ class ActorConfig(ComponentConfig):
 
 @dataclass
 class InferenceConfig(ComponentConfig):
-    """The inference group's section: whether it leaves devices it shares while the actor trains (placement presets
-    set it). It holds the policy as the actor's ranks do (`actor.strategy`, `actor.dtype`), so it has no model
-    settings of its own; moving it out and back each step costs its copy of the policy and, with a KL term, the
-    reference model."""
+    """The inference group's section (`conf/inference/reasoning.yaml`, chosen by the reasoning experiments): whether
+    it leaves devices it shares while the actor trains (placement presets set it). It holds the policy as the actor's
+    ranks do (`actor.strategy`, `actor.dtype`), so it has no model settings of its own; moving it out and back each
+    step costs its copy of the policy and, with a KL term, the reference model."""
 
 
 @dataclass

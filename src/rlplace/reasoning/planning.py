@@ -25,6 +25,7 @@ What the profile cannot say is an assumption, listed with each prediction.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterator, Mapping
@@ -328,13 +329,30 @@ def shares(where: Mapping[str, int | str], name: str, placement: ComponentPlacem
     return any(mine & set(placement.devices_of(other)) for other in where if other != name)
 
 
+def offload_choices(
+    cfg: ReasoningConfig, where: Mapping[str, int | str], placement: ComponentPlacement
+) -> list[dict[str, bool]]:
+    """The offload switches a candidate placement is tried with. Every component that shares a device offloads; with
+    `cluster.device_memory_gb` and the model's shape (`model.path`) known, also each choice of keeping some of those
+    the switch plan would move resident on their devices: fewer switches make a faster step, and the memory check
+    leaves out the choices that do not fit. Without both nothing says what fits, so everything that can move does."""
+    shared = {name: shares(where, name, placement) for name in OFFLOADED}
+    if cfg.cluster.device_memory_gb is None or cfg.model.path is None:
+        return [shared]
+    devices = {name: frozenset(placement.devices_of(name)) for name in COMPONENTS}
+    plan = switch_plan(PHASES, devices, {**cfg.offloadable, **shared})
+    moved = [name for name in OFFLOADED if any(name in switch.offload for switch in plan.values())]
+    choices = itertools.product((True, False), repeat=len(moved))
+    return [{**shared, **dict(zip(moved, kept, strict=True))} for kept in choices]
+
+
 def search(cfg: ReasoningConfig, model: StepModel) -> list[Ranked]:
-    """Every candidate placement x staleness (0 and 1) the run could take on its cluster, fastest first.
+    """Every candidate placement x offload switches (`offload_choices`) x staleness (0 and 1) the run could take on
+    its cluster, fastest first.
 
     Candidates whose placement the run's checks refuse (`check_placement`: micro-batches that do not divide over the
     actor's ranks, device memory over `cluster.device_memory_gb`) or that would put more processes on a cpu node's
-    cores than `cluster.max_oversubscription` allows are left out. A component that shares devices offloads between
-    phases."""
+    cores than `cluster.max_oversubscription` allows are left out."""
     nodes, per_node = cfg.cluster.num_nodes, cfg.cluster.num_devices_per_node
     cores = cluster_cores(model, cfg)
     machine = {c for found in cores.values() for c in found}
@@ -345,9 +363,8 @@ def search(cfg: ReasoningConfig, model: StepModel) -> list[Ranked]:
         placement = ComponentPlacement(where, nodes, per_node, components=COMPONENTS)
         if limit is not None and sum(placement.get_world_size(c) for c in COMPONENTS) > limit * nodes:
             continue
-        offload = {name: shares(where, name, placement) for name in OFFLOADED}
         layout = model.layout(placement, cores)
-        for staleness in (0, 1):
+        for offload, staleness in itertools.product(offload_choices(cfg, where, placement), (0, 1)):
             candidate = replace(
                 cfg,
                 cluster=replace(cfg.cluster, component_placement=dict(where)),
