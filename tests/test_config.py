@@ -97,6 +97,7 @@ def test_the_reasoning_collocated_preset_offloads_the_inference_group_too(compos
     with pytest.raises(ConfigError, match=r"^inference = .*this embodied run has no inference section"):
         resolve(compose_cfg("placement=collocated", "+inference.enable_offload=true"))
 
+
 # Options with a mandatory value (`???`) compose once it is given.
 REQUIRED_VALUES = {"task=dataset": ["task.train_path=train.jsonl"], "model=hf": ["model.path=/models/qwen"]}
 
