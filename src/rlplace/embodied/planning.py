@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rlplace.core.errors import ConfigError
-from rlplace.core.schedule import switch_plan
+from rlplace.core.schedule import Switch, switch_plan
 from rlplace.embodied.checks import check_embodied
 from rlplace.embodied.config import COMPONENTS, FAMILY, EmbodiedConfig
 from rlplace.embodied.phases import PHASES
@@ -43,8 +43,8 @@ from rlplace.placement import ComponentPlacement, PlacementError
 from rlplace.placement.cores import device_cores
 from rlplace.planner import Prediction, Profile, Resources, Work, busiest
 from rlplace.planner.layout import component_devices, process_resources
-from rlplace.planner.prediction import switch_seconds
 from rlplace.planner.profile import load_model as planner_load_model
+from rlplace.planner.switches import SwitchCosts
 from rlplace.scheduler.limits import SMALL_BYTES
 
 DEFAULT_AVERAGE_S = 0.25e-3
@@ -137,10 +137,10 @@ class StepModel:
         measured = profile.phases
         self.hop_s = _solve(lambda h: self._generation(own_shape, own, h), measured["generate_rollouts"])
         self.minibatch_s = _solve(lambda o: self._training(own_shape, own, o), measured["training"])
-        self.switches_s = measured.get("offload", 0.0) + measured.get("onload", 0.0)
-        self.switch_count = _switch_count(own, profile.config.get("offload", {}))
+        switched = measured.get("offload", 0.0) + measured.get("onload", 0.0)
+        self.switches = SwitchCosts.of(profile.trace(), _switch_plan(own, profile.config.get("offload", {})), switched)
         self.fixed = {name: measured.get(name, 0.0) for name in ("sync_weights", "advantages")}
-        explained = sum(self.fixed.values()) + measured["generate_rollouts"] + measured["training"] + self.switches_s
+        explained = sum(self.fixed.values()) + measured["generate_rollouts"] + measured["training"] + switched
         self.step_overhead_s = max(0.0, measured["step"] - explained)
 
     def _in_loop(self, shape: Shape, own: Layout, name: str) -> float:
@@ -175,8 +175,7 @@ class StepModel:
         assumptions = []
         generation = self._generation(shape, layout, self.hop_s)
         training = self._training(shape, layout, self.minibatch_s, assumptions)
-        count = _switch_count(layout, offloadable)
-        switches = switch_seconds(self.switches_s, self.switch_count, count, DEFAULT_SWITCH_S, assumptions)
+        switches = self.switches.seconds(_switch_plan(layout, offloadable), DEFAULT_SWITCH_S, assumptions)
         share = _samples_per_rank(shape, len(layout.processes["actor"])) / self.own_samples_per_rank
         advantages = self.fixed["advantages"] * share
         phases = {
@@ -267,11 +266,10 @@ def _samples_per_rank(shape: Shape, ranks: int) -> float:
     return shape.total_num_envs * shape.num_steps / ranks
 
 
-def _switch_count(layout: Layout, offloadable: Mapping[str, bool]) -> int:
-    """Offload and onload calls per step: each group in each phase's switch."""
+def _switch_plan(layout: Layout, offloadable: Mapping[str, bool]) -> dict[str, Switch]:
+    """The offload and onload before each phase of a step placed as `layout`."""
     devices = {name: layout.devices[name] for name in COMPONENTS}
-    plan = switch_plan(PHASES, devices, {name: bool(offloadable.get(name)) for name in COMPONENTS})
-    return sum(len(s.offload) + len(s.onload) for s in plan.values())
+    return switch_plan(PHASES, devices, {name: bool(offloadable.get(name)) for name in COMPONENTS})
 
 
 def _solve(predict: Any, measured: float, low: float = 0.0, high: float = 1.0) -> float:

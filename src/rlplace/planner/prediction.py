@@ -23,15 +23,3 @@ class Prediction:
             "throughput": self.throughput,
             "assumptions": list(self.assumptions),
         }
-
-
-def switch_seconds(
-    profiled_s: float, profiled_count: int, count: int, default_s: float, assumptions: list[str]
-) -> float:
-    """Seconds of a step's `count` offload and onload calls: what one cost the profiled run (`profiled_s` over its
-    `profiled_count` calls), or `default_s` each where it made none (an assumption, appended)."""
-    if profiled_count:
-        return profiled_s / profiled_count * count
-    if count:
-        assumptions.append(f"phase switches {default_s * 1e3:.0f} ms each (the profile had none)")
-    return default_s * count

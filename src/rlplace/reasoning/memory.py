@@ -23,6 +23,7 @@ characters without one; a chat template's few tokens are not counted.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,8 @@ RANKED = ("actor", "inference")
 """The components whose bytes per rank depend on their rank count (sharded under actor.strategy = fsdp)."""
 PROMPTS_MEASURED = 256
 """Training prompts whose longest sets the sequence length."""
+_LONGEST: weakref.WeakKeyDictionary[PromptSource, dict[str, int]] = weakref.WeakKeyDictionary()
+"""Each prompt source's longest prompt, by model folder."""
 FP32, BF16 = 4, 2
 
 
@@ -212,6 +215,18 @@ def _inference(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_le
 
 
 def _longest_prompt(source: PromptSource, folder: Path) -> int:
+    """The longest of the first training prompts, in the folder's tokens; measured once per source and folder: a
+    search predicts every candidate's memory from one source."""
+    try:
+        known = _LONGEST.setdefault(source, {})
+    except TypeError:  # a source that cannot be a key (an unfrozen dataclass): measured each time
+        known = {}
+    if str(folder) not in known:
+        known[str(folder)] = _measure_longest(source, folder)
+    return known[str(folder)]
+
+
+def _measure_longest(source: PromptSource, folder: Path) -> int:
     prompts = [problem.prompt for problem in source.train_batch(0, PROMPTS_MEASURED)]
     tokenizer_file = folder / "tokenizer.json"
     if not tokenizer_file.exists():

@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from rlplace.core.errors import ConfigError
-from rlplace.core.schedule import switch_plan
+from rlplace.core.schedule import Switch, switch_plan
 from rlplace.placement import ComponentPlacement, PlacementError
 from rlplace.placement.cores import device_cores
 from rlplace.planner import Curve, Prediction, Profile, Resources, Work, busiest
 from rlplace.planner.layout import component_devices, process_resources
-from rlplace.planner.prediction import switch_seconds
 from rlplace.planner.profile import load_model as planner_load_model
+from rlplace.planner.switches import SwitchCosts
 from rlplace.reasoning.checks import check_placement
 from rlplace.reasoning.config import COMPONENTS, FAMILY, ReasoningConfig
 from rlplace.reasoning.phases import PHASES
@@ -119,8 +119,8 @@ class StepModel:
         between processes of one core wait for it to switch between them), where the profiled run had both."""
         self.call_s = (profile.phases["generate_rollouts"] - self._generation(self.config, own)) / _call_rounds(own)
         """Seconds of starting and collecting one round of stage calls (the driver's side of generation)."""
-        self.switch_count = _switch_count(own, self.config["offload"])
-        self.switches_s = profile.phases.get("offload", 0.0) + profile.phases.get("onload", 0.0)
+        switched = profile.phases.get("offload", 0.0) + profile.phases.get("onload", 0.0)
+        self.switches = SwitchCosts.of(trace, _switch_plan(own, self.config["offload"]), switched)
         self.response_tokens = profile.metrics["rollout/response_tokens"]
         self.overhead = 0.0
         self.overhead = profile.phases["step"] - self.predict(self.config, own).step_s
@@ -202,8 +202,7 @@ class StepModel:
         per_rank += self.advantages * scale / ranks
         train_work: list[Work] = [(p, per_rank) for p in actors]
         training = busiest(train_work)
-        count = _switch_count(layout, run["offload"])
-        switches = switch_seconds(self.switches_s, self.switch_count, count, DEFAULT_SWITCH_S, assumptions)
+        switches = self.switches.seconds(_switch_plan(layout, run["offload"]), DEFAULT_SWITCH_S, assumptions)
         phases = {
             "sync_weights": self._sync(layout, assumptions),
             "switches": switches,
@@ -247,10 +246,9 @@ def _tokens(run: Mapping[str, Any]) -> int:
     return run["prompts_per_step"] * run["group_size"] * run["max_new_tokens"]
 
 
-def _switch_count(layout: Layout, offloadable: Mapping[str, bool]) -> int:
-    """Offload and onload calls per step: each group in each phase's switch."""
-    plan = switch_plan(PHASES, layout.devices, {name: bool(offloadable.get(name)) for name in COMPONENTS})
-    return sum(len(s.offload) + len(s.onload) for s in plan.values())
+def _switch_plan(layout: Layout, offloadable: Mapping[str, bool]) -> dict[str, Switch]:
+    """The offload and onload before each phase of a step placed as `layout`."""
+    return switch_plan(PHASES, layout.devices, {name: bool(offloadable.get(name)) for name in COMPONENTS})
 
 
 def cluster_cores(model: StepModel, cfg: ReasoningConfig) -> dict[int, tuple[int, ...]]:
