@@ -55,7 +55,7 @@ FORWARD_SHARE = 1 / 6
 alone, half of the forward pass of actor and critic, which is about a third of an update (the backward pass costs
 about twice the forward); benchmarks/planner_accuracy.py checks the predictions that use it."""
 DEFAULT_SWITCH_S = 2e-3
-"""A phase switch (offload or onload calls) when the profiled run had none to measure."""
+"""A group's offload or onload when the profiled run moved none to measure."""
 
 
 @dataclass(frozen=True)

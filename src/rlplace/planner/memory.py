@@ -81,7 +81,7 @@ class TransformerShape:
 
     def state_bytes(self, ranks: int, head: bool = True) -> int:
         """One rank's share of the float32 weights and AdamW's two moments (12 bytes a parameter): what stays on its
-        device between updates, which free the gradients after each optimizer step (`ranks` 1 for a replica)."""
+        device between updates, each of which frees its gradients when it ends (`ranks` 1 for a replica)."""
         return -(-ADAMW_STATE_BYTES * self.parameters(head) // ranks)
 
     def training_state_bytes(self, ranks: int, sharded: bool, compute_bytes: int, head: bool = True) -> int:

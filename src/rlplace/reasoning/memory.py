@@ -3,7 +3,7 @@ anything starts when it exceeds `cluster.device_memory_gb`.
 
 Per rank, from the model folder's `config.json` and the run's sizes:
 - actor: float32 weights and AdamW's two moments (12 bytes a parameter; with `actor.strategy = fsdp` 1/N of them per
-  rank), the critic's alike for ppo; training, its float32 gradients too (freed after each optimizer step), one
+  rank), the critic's alike for ppo; training, its float32 gradients too (freed when the update ends), one
   gathered unit in the compute precision and its unreduced gradient when sharded, and the activations of its largest
   training pass;
 - rollout: the engine's weights in its precision (float32 for hf, bfloat16 for vLLM on a GPU) and the KV cache of a
@@ -196,9 +196,8 @@ def _rollout(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu
     working = weights + shape.kv_cache_bytes(rows * seq_len, dtype)
     if on_gpu and cfg.rollout.backend == "vllm" and cfg.cluster.device_memory_gb is not None:
         working = max(working, int(cfg.rollout.gpu_memory_utilization * cfg.cluster.device_memory_gb * GB))
-    return Usage(
-        weights, {"sync_weights": weights + shape.bucket_bytes(cfg.weight_sync.bucket_mb), "generate_rollouts": working}
-    )
+    received = weights + shape.bucket_bytes(cfg.weight_sync.bucket_mb)
+    return Usage(weights, {"sync_weights": received, "generate_rollouts": working})
 
 
 def _inference(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: int) -> Usage:

@@ -17,8 +17,9 @@ forward pass over the rank's batch for the proximal log-probs, and, with the act
 beside the next step's generation: as long as the longer, or as the busiest resource needs for both. The weight sync
 costs the profiled run's, scaled where the new placement puts a receiving rank on the sender's cores and the
 profiled one did not (or the other way round) by how much faster the profiled run's ranks off the sender's cores
-took the weights; a phase switch costs the profiled run's. What the profiled step leaves unexplained is added to
-every step, so that the model reproduces the profiled run.
+took the weights; a phase switch waits for its slowest group's move, each as the profiled run's took
+(`planner.switches`). What the profiled step leaves unexplained is added to every step, so that the model reproduces
+the profiled run.
 
 What the profile cannot say is an assumption, listed with each prediction.
 """
@@ -55,7 +56,7 @@ is on by default and left as the run sets it.)"""
 FORWARD_SHARE = 1 / 3
 """A forward pass's share of a training pass (forward and backward; the backward costs about twice the forward)."""
 DEFAULT_SWITCH_S = 0.01
-"""A phase switch (offload or onload calls) when the profiled run had none to measure."""
+"""A group's offload or onload when the profiled run moved none to measure."""
 
 
 @dataclass(frozen=True)
