@@ -6,10 +6,13 @@ process is named like any other failure."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -33,9 +36,16 @@ class Rank(Worker):
         dist.all_reduce(tensor)
         return tensor.item() / self.world_size
 
-    def load_vllm(self) -> None:
-        """Stand in for a rollout that built a vLLM engine: the host looks for the module."""
+    def load_vllm(self) -> str:
+        """Stand in for a rollout that built a vLLM engine: the host looks for the module; the engine's scratch
+        folder, which `close` removes, is returned."""
         sys.modules.setdefault("vllm", types.ModuleType("vllm"))
+        self.scratch = tempfile.mkdtemp(prefix="rlplace-test-engine-")
+        return self.scratch
+
+    def close(self) -> None:
+        if hasattr(self, "scratch"):
+            shutil.rmtree(self.scratch)
 
 
 class DiesOnStart(Worker):
@@ -99,7 +109,7 @@ def test_a_re_placed_run_starts_its_ranks_in_the_old_ranks_processes(cluster: Cl
 
 def test_a_process_that_loaded_vllm_is_not_reused(cluster: Cluster) -> None:
     old = Rank.create_group().launch(cluster, name="old", placement_strategy=on_devices((0,), (1,)))
-    old.execute_on(1).load_vllm().wait()
+    scratch = Path(old.execute_on(1).load_vllm().wait()[0])
     pids = [pid for pid, *_ in old.where().wait()]
 
     cluster.replace(on_devices((0,), (1,)))
@@ -107,6 +117,7 @@ def test_a_process_that_loaded_vllm_is_not_reused(cluster: Cluster) -> None:
     after = [pid for pid, *_ in new.where().wait()]
     assert after[0] == pids[0] and after[1] != pids[1]
     assert gone(pids[1])
+    assert not scratch.exists()  # the worker was closed before its process was killed (no exit handler runs then)
 
 
 def test_a_rank_that_dies_in_a_kept_process_during_a_switch_is_named(cluster: Cluster) -> None:

@@ -74,9 +74,15 @@ class Worker:
         if context.cores:
             pin_process(context.cores)
 
+    def close(self) -> None:
+        """Release what this worker holds outside Python's reach (an engine's threads, a scratch folder) when its
+        process retires it (the run ended and parked its processes, or was re-placed: `hosts.py`), where no exit
+        handler would run: a process that is not reused is killed. Override it; the default holds nothing."""
+
     def _leave(self) -> None:
         """Give back what this rank holds of its process, which may become another worker next (a re-placed run's,
-        `hosts.py`): torch.distributed's process groups."""
+        `hosts.py`): what `close` releases, then torch.distributed's process groups."""
+        self.close()
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

@@ -67,6 +67,10 @@ class LLMRolloutWorker(Worker):
         self.engine.load_weights(weights)
         return self.version
 
+    def close(self) -> None:
+        """Shut the engine down (vLLM's engine core, its scratch folder) when the process retires this worker."""
+        self.engine.close()
+
     def generate(self, step: int, version: int, out: Channel) -> int:
         """Generate this rank's micro-batches of step `step` and hand each to its reward rank through `out` as soon as
         it is done;
