@@ -460,7 +460,8 @@ def section_reasoning(s: Settings) -> list[Row]:
 
 QWEN_1_5B = {"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
              "num_attention_heads": 12, "num_key_value_heads": 2, "max_position_embeddings": 32768}  # fmt: skip
-"""Qwen2.5-1.5B's shape (1.54 B parameters, tied embeddings); --smoke shrinks it to 2 small layers."""
+"""Qwen2.5-1.5B's shape (1.54 B parameters, tied embeddings); --smoke shrinks it to 2 small layers and a vocabulary
+of 1,024."""
 LLM_STEP = [
     "experiment=arithmetic_grpo",
     "actor.strategy=fsdp",
@@ -487,7 +488,9 @@ def qwen_1_5b_folder(s: Settings) -> Path:
     tokenizer = train_tokenizer([f"{a}+{b}={a + b}" for a in range(100) for b in range(100)], 512)
     shape = dict(QWEN_1_5B)
     if s.smoke:
+        # A vocabulary near the tokenizer's: Qwen's 151,936 rows make each CPU pass minutes long.
         shape.update(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4)
+        shape.update(vocab_size=1024)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     config = Qwen2Config(**shape, tie_word_embeddings=True, eos_token_id=eos, pad_token_id=pad, bos_token_id=None)
     torch.manual_seed(0)

@@ -8,8 +8,8 @@ workers in them: a rank takes over a retired host of its first device, or else a
 device takes) of another device of its node, re-pinned to its own cores. The next run of the same process takes over
 a finished run's hosts the same way (`parking.py`).
 
-A host is kept only where that leaves nothing of the old worker behind. A retired worker gives back its
-torch.distributed process group (`Worker._leave`); a process that loaded vLLM is never reused (its engine keeps
+A host is kept only where that leaves nothing of the old worker behind. A retired worker is closed (`Worker.close`)
+and gives back its torch.distributed process group (`Worker._leave`); a process that loaded vLLM is never reused (its engine keeps
 process-wide state: its own distributed world, registered ops); nor is any on a node with GPUs, where a process
 starts with its rank's CUDA variables (`WorkerGroupSpec.start`). A retired host that no new rank takes is stopped.
 """
