@@ -117,6 +117,21 @@ def test_a_run_that_does_not_fit_is_refused_naming_device_phase_and_excess(model
     assert f"in phase {max(predicted, key=predicted.get)} " in line  # the step's largest phase is named
 
 
+def test_a_run_that_would_fit_with_more_offload_is_told_which_switches(model_path):
+    """Every component on device 0 with nothing offloaded: over a capacity that the step fits once the idle groups
+    leave, the refusal names the fewest offload switches that make it fit, and those do."""
+    on_device_0 = [f"cluster.component_placement.{name}=0" for name in ("rollout", "reward", "inference", "actor")]
+    args = ["experiment=arithmetic_grpo", f"model.path={model_path}", "placement=reasoning_disaggregated", *on_device_0]
+    switches = [f"{name}.enable_offload=true" for name in ("actor", "rollout", "inference")]
+    moving = predict_memory(*_plan([*args, *switches])).peaks[0]
+    capacity = max(moving.values()) / 1e9 * 1.001
+    with pytest.raises(ConfigError, match=r"GB over; .*\): it fits with (.*) \(") as refused:
+        resolve(compose_run([*args, f"cluster.device_memory_gb={capacity}"]))
+    suggested = str(refused.value).split("it fits with ")[1].split(" (")[0].split()
+    assert suggested and set(suggested) <= set(switches)
+    resolve(compose_run([*args, f"cluster.device_memory_gb={capacity}", *suggested]))  # fits: not refused
+
+
 def test_a_model_built_here_is_checked_once_built_before_any_worker_starts(model_path):
     """Without model.path the shape is unknown until the run builds its model (`reasoning.launch.start` then checks
     it): the config alone predicts nothing, and the folder built stands in for model.path."""

@@ -28,6 +28,9 @@ from rlplace.reasoning.tools import RESULT, tool_function
 FAMILY = "reasoning"
 COMPONENTS = ("rollout", "reward", "inference", "actor")
 """The worker groups of a reasoning run; each must be placed, and nothing else may be."""
+OFFLOAD_SWITCHES = ("actor", "rollout", "inference")
+"""The components whose `enable_offload` placement presets, `placement=auto` and the memory check choose (a reward
+model's is on by default and left as the run sets it)."""
 
 __all__ = [
     "ActorConfig",

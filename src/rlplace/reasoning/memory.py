@@ -22,10 +22,11 @@ characters without one; a chat template's few tokens are not counted.
 
 from __future__ import annotations
 
+import itertools
 import json
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlplace.core.errors import ConfigError
@@ -34,7 +35,7 @@ from rlplace.placement import ComponentPlacement
 from rlplace.planner import Profile, ProfileError
 from rlplace.planner.memory import GB, TransformerShape, Usage, device_peaks, over_capacity
 from rlplace.planner.profile import load_model
-from rlplace.reasoning.config import FAMILY, ReasoningConfig
+from rlplace.reasoning.config import FAMILY, OFFLOAD_SWITCHES, ReasoningConfig
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.streams import SCORING_ROWS
 from rlplace.reasoning.tasks import make_prompt_source, prompt_room
@@ -157,12 +158,34 @@ def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement, source: Pr
     if over is not None:
         device, phase, excess = over
         need = plan.peaks[device][phase] / GB
+        fitting = _fitting_switches(cfg, placement, source, capacity)
+        if fitting is None:
+            remedy = (
+                "place fewer components there, offload them (placement presets' enable_offload), or shard the actor "
+                "and inference groups (actor.strategy=fsdp)"
+            )
+        else:
+            remedy = f"it fits with {fitting[0]} ({fitting[1]:.3g} GB at its peak)"
         raise ConfigError(
             f"cluster.device_memory_gb = {capacity}: device {device} needs {need:.3g} GB in phase {phase} "
-            f"({excess:.3g} GB over; `rlplace-plan` shows each component's share): place fewer components there, "
-            "offload them (placement presets' enable_offload), or shard the actor and inference groups "
-            "(actor.strategy=fsdp)"
+            f"({excess:.3g} GB over; `rlplace-plan` shows each component's share): {remedy}"
         )
+
+
+def _fitting_switches(
+    cfg: ReasoningConfig, placement: ComponentPlacement, source: PromptSource, capacity: float
+) -> tuple[str, float] | None:
+    """The fewest of the offload switches the run leaves off that make it fit, as overrides, with the peak they leave
+    (GB); None when none do."""
+    off = [name for name in OFFLOAD_SWITCHES if not getattr(cfg, name).enable_offload]
+    for count in range(1, len(off) + 1):
+        for names in itertools.combinations(off, count):
+            switched = replace(cfg, **{name: replace(getattr(cfg, name), enable_offload=True) for name in names})
+            plan = predict_memory(switched, placement, source)
+            if plan is not None and over_capacity(plan.peaks, capacity) is None:
+                peak = max(bytes_ for phases in plan.peaks.values() for bytes_ in phases.values())
+                return " ".join(f"{name}.enable_offload=true" for name in names), peak / GB
+    return None
 
 
 def _sharded(cfg: ReasoningConfig, ranks: int) -> bool:

@@ -43,16 +43,13 @@ from rlplace.planner.layout import component_devices, process_resources
 from rlplace.planner.profile import load_model as planner_load_model
 from rlplace.planner.switches import SwitchCosts
 from rlplace.reasoning.checks import check_placement
-from rlplace.reasoning.config import COMPONENTS, FAMILY, ReasoningConfig
+from rlplace.reasoning.config import COMPONENTS, FAMILY, OFFLOAD_SWITCHES, ReasoningConfig
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.profile import TRAINING_SPANS, UNIT_SPANS, shape
 from rlplace.reasoning.tasks import make_prompt_source
 
 STAGES = ("rollout", "reward", "inference")
 """The generating stages, in pipeline order."""
-OFFLOADED = ("actor", "rollout", "inference")
-"""The components whose offload switch a candidate sets: on where it shares a device with another. (A reward model's
-is on by default and left as the run sets it.)"""
 FORWARD_SHARE = 1 / 3
 """A forward pass's share of a training pass (forward and backward; the backward costs about twice the forward)."""
 DEFAULT_SWITCH_S = 0.01
@@ -335,12 +332,12 @@ def offload_choices(
     `cluster.device_memory_gb` and the model's shape (`model.path`) known, also each choice of keeping some of those
     the switch plan would move resident on their devices: fewer switches make a faster step, and the memory check
     leaves out the choices that do not fit. Without both nothing says what fits, so everything that can move does."""
-    shared = {name: shares(where, name, placement) for name in OFFLOADED}
+    shared = {name: shares(where, name, placement) for name in OFFLOAD_SWITCHES}
     if cfg.cluster.device_memory_gb is None or cfg.model.path is None:
         return [shared]
     devices = {name: frozenset(placement.devices_of(name)) for name in COMPONENTS}
     plan = switch_plan(PHASES, devices, {**cfg.offloadable, **shared})
-    moved = [name for name in OFFLOADED if any(name in switch.offload for switch in plan.values())]
+    moved = [name for name in OFFLOAD_SWITCHES if any(name in switch.offload for switch in plan.values())]
     choices = itertools.product((True, False), repeat=len(moved))
     return [{**shared, **dict(zip(moved, kept, strict=True))} for kept in choices]
 
@@ -395,7 +392,7 @@ def place(cfg: ReasoningConfig, best: Ranked) -> ReasoningConfig:
 
 def _offloaded(cfg: ReasoningConfig, offload: Mapping[str, bool]) -> dict[str, Any]:
     """The sections of `cfg` whose offload switches a candidate sets, as `replace` keywords."""
-    return {name: replace(getattr(cfg, name), enable_offload=offload[name]) for name in OFFLOADED}
+    return {name: replace(getattr(cfg, name), enable_offload=offload[name]) for name in OFFLOAD_SWITCHES}
 
 
 def ranked(cfg: ReasoningConfig) -> list[Ranked]:

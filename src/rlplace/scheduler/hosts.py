@@ -9,9 +9,10 @@ device takes) of another device of its node, re-pinned to its own cores. The nex
 a finished run's hosts the same way (`parking.py`).
 
 A host is kept only where that leaves nothing of the old worker behind. A retired worker is closed (`Worker.close`)
-and gives back its torch.distributed process group (`Worker._leave`); a process that loaded vLLM is never reused (its engine keeps
-process-wide state: its own distributed world, registered ops); nor is any on a node with GPUs, where a process
-starts with its rank's CUDA variables (`WorkerGroupSpec.start`). A retired host that no new rank takes is stopped.
+and gives back its torch.distributed process group (`Worker._leave`); a process that loaded vLLM is never reused (its
+engine keeps process-wide state: its own distributed world, registered ops); nor is any on a node with GPUs, where a
+process starts with its rank's CUDA variables (`WorkerGroupSpec.start`). A retired host that no new rank takes is
+stopped.
 """
 
 from __future__ import annotations
