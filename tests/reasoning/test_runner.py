@@ -343,8 +343,7 @@ def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choic
 
 def _device_need(plan) -> float:
     """The predicted peak of the busiest device in its busiest phase, GB."""
-    memory = predict_memory(plan.cfg, plan.placement)
-    return max(max(phases.values()) for phases in memory.peaks.values()) / 1e9
+    return predict_memory(plan.cfg, plan.placement).peak / 1e9
 
 
 @pytest.mark.slow

@@ -53,13 +53,13 @@ class SwitchCosts:
     def of(cls, trace: Trace, plan: Mapping[str, Switch], measured_s: float) -> SwitchCosts:
         """From the profiled run's `trace`, its own switch `plan`, and `measured_s`, the seconds per step its driver
         spent in offload and onload calls (so that its own plan is predicted at exactly that)."""
+        own = calls(plan)
         spans = {}
-        for direction, names in calls(plan):
+        for direction, names in own:
             for group in names:
                 seconds = trace.rank_seconds(group, direction)
                 if seconds:
                     spans[group, direction] = max(seconds.values())
-        own = calls(plan)
         if not own:
             return cls(spans, None)
         alone = sum(max(spans.get((group, direction), 0.0) for group in names) for direction, names in own)

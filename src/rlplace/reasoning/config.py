@@ -11,7 +11,8 @@ need the placement are in `checks.py`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
@@ -411,6 +412,10 @@ class ReasoningConfig(RunConfig):
             "inference": self.inference.enable_offload,
             "reward": self.reward.enable_offload and self.reward.model_path is not None,
         }
+
+    def with_offload(self, offload: Mapping[str, bool]) -> ReasoningConfig:
+        """This run with the offload switches of `offload` (components of OFFLOAD_SWITCHES) set as given."""
+        return replace(self, **{name: replace(getattr(self, name), enable_offload=on) for name, on in offload.items()})
 
     @property
     def reward_name(self) -> str:

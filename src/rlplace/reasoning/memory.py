@@ -26,7 +26,7 @@ import itertools
 import json
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlplace.core.errors import ConfigError
@@ -59,6 +59,11 @@ class MemoryPlan:
     seq_len: int
     measured_from: str | None = None
     """The profile whose measured peaks scaled the prediction, if any."""
+
+    @property
+    def peak(self) -> int:
+        """The busiest device's bytes in its busiest phase."""
+        return max(bytes_ for phases in self.peaks.values() for bytes_ in phases.values())
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -180,11 +185,9 @@ def _fitting_switches(
     off = [name for name in OFFLOAD_SWITCHES if not getattr(cfg, name).enable_offload]
     for count in range(1, len(off) + 1):
         for names in itertools.combinations(off, count):
-            switched = replace(cfg, **{name: replace(getattr(cfg, name), enable_offload=True) for name in names})
-            plan = predict_memory(switched, placement, source)
+            plan = predict_memory(cfg.with_offload(dict.fromkeys(names, True)), placement, source)
             if plan is not None and over_capacity(plan.peaks, capacity) is None:
-                peak = max(bytes_ for phases in plan.peaks.values() for bytes_ in phases.values())
-                return " ".join(f"{name}.enable_offload=true" for name in names), peak / GB
+                return " ".join(f"{name}.enable_offload=true" for name in names), plan.peak / GB
     return None
 
 

@@ -362,9 +362,8 @@ def search(cfg: ReasoningConfig, model: StepModel) -> list[Ranked]:
         layout = model.layout(placement, cores)
         for offload, staleness in itertools.product(offload_choices(cfg, where, placement), (0, 1)):
             candidate = replace(
-                cfg,
+                cfg.with_offload(offload),
                 cluster=replace(cfg.cluster, component_placement=dict(where)),
-                **_offloaded(cfg, offload),
                 runner=replace(cfg.runner, max_staleness=staleness),
             )
             try:
@@ -384,15 +383,9 @@ def load_model(profile_dir: str | Path, task: str) -> StepModel:
 def place(cfg: ReasoningConfig, best: Ranked) -> ReasoningConfig:
     """The run placed as candidate `best` (`placement=auto`, a re-plan), with its offload switches."""
     return replace(
-        cfg,
+        cfg.with_offload(best.offload),
         cluster=replace(cfg.cluster, component_placement=dict(best.component_placement)),
-        **_offloaded(cfg, best.offload),
     )
-
-
-def _offloaded(cfg: ReasoningConfig, offload: Mapping[str, bool]) -> dict[str, Any]:
-    """The sections of `cfg` whose offload switches a candidate sets, as `replace` keywords."""
-    return {name: replace(getattr(cfg, name), enable_offload=offload[name]) for name in OFFLOAD_SWITCHES}
 
 
 def ranked(cfg: ReasoningConfig) -> list[Ranked]:
