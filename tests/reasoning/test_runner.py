@@ -18,6 +18,7 @@ through `resolve`, as both CLIs do, and one of them through the CLI.
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import logging
@@ -30,7 +31,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra.errors import ConfigCompositionException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from rlplace.cli import EXIT_BAD_CONFIG, compose_run
@@ -78,15 +78,19 @@ RUNS = {
     ],
     # Each stage on its own device, 16 micro-batches of 8-token responses per step streaming through them (enough
     # for the stages to overlap even when generation is quick), routed over 2 actor ranks that average their
-    # gradients; generation with vLLM (hf without vLLM); profiled for the planner (the actor's passes timed on both
-    # ranks at once after the run).
+    # gradients; generation with vLLM, one engine split over 2 rollout ranks (hf on 1 rank without vLLM); profiled
+    # for the planner (the actor's passes timed on both ranks at once after the run).
     "disaggregated": [
         "experiment=arithmetic_grpo_disagg",
         "task.prompts_per_step=16",
         "rollout.micro_batch_prompts=1",
         "rollout.max_new_tokens=8",
         "cluster.component_placement.actor=1:0-1",
-        *(["rollout=vllm"] if VLLM else []),
+        *(
+            ["rollout=vllm", "rollout.tensor_parallel_size=2", "cluster.component_placement.rollout=0:0-1"]
+            if VLLM
+            else []
+        ),
         "runner.profile=true",
     ],
 }
@@ -279,13 +283,20 @@ def test_the_last_checkpoint_exports_as_the_final_model(variant: str, runs: Runs
 
 @pytest.mark.slow
 def test_vllm_backend_trains_and_its_weights_follow_the_actor(runs: Runs) -> None:
-    # The disaggregated run generates with vLLM: the rollout checks the weight version it is asked for every step
-    # (StaleWeightsError otherwise), so a finished run means the engine's weights followed the actor's.
+    # The disaggregated run generates with vLLM, one engine split over 2 rollout ranks: each rank checks the weight
+    # version it is asked for every step (StaleWeightsError otherwise), so a finished run means the engine's weights
+    # followed the actor's. Both ranks generate every micro-batch (16 a step); the first hands each on.
     pytest.importorskip("vllm")
     run = runs["disaggregated"]
-    assert "backend: vllm" in (run / ".hydra" / "config.yaml").read_text()
+    config = (run / ".hydra" / "config.yaml").read_text()
+    assert "backend: vllm" in config and "tensor_parallel_size: 2" in config
     rows = metrics(run)
     assert len(rows) == 2 and all("eval/accuracy" in row for row in rows)
+    events = json.loads((run / "timeline.json").read_text())["traceEvents"]
+    generated = collections.Counter(
+        e["args"]["rank"] for e in events if e["ph"] == "X" and e["name"] == "rollout_generate"
+    )
+    assert generated[0] == generated[1] >= 16
 
 
 @pytest.mark.slow
@@ -301,6 +312,7 @@ def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choic
         "disaggregated",
     )
     assert profile["config"]["prompts_per_step"] == 16 and profile["config"]["micro_batch_prompts"] == 1
+    assert profile["config"]["tensor_parallel_size"] == (2 if VLLM else 1)
     passes = profile["actor"]
     assert passes["sizes"] == [1, 2, 4, 8, 16, 32] and all(s > 0 for s in passes["seconds"])  # 64 rows / 2 minibatches
     assert passes["optimizer_step"] > 0 and passes["row_tokens"] > 0
@@ -387,11 +399,24 @@ ARITHMETIC_GROUPS = ["task=arithmetic", "model=tiny_lm", "placement=reasoning_co
             r"valid: algorithm=dr_grpo, algorithm=grpo, algorithm=gspo, algorithm=reasoning_ppo, "
             r"algorithm=reinforce, algorithm=reinforce_pp, algorithm=rloo\)",
         ),
-        # Tensor parallelism is gone: its key no longer composes.
+        # A rollout engine split over ranks: only where the backend splits one, over ranks that divide its heads and
+        # make whole replicas of the rollout's processes.
         (
-            ["rollout.tensor_parallel_size=3"],
-            ConfigCompositionException,
-            "Could not override 'rollout.tensor_parallel_size'",
+            ["rollout.tensor_parallel_size=2"],
+            ConfigError,
+            r"rollout.tensor_parallel_size = 2 is invalid with rollout.backend = 'hf', which holds the whole model on "
+            r"each rank \(valid: 1, or rollout.backend=vllm\)",
+        ),
+        (["rollout.tensor_parallel_size=0"], ConfigError, r"rollout.tensor_parallel_size = 0 is invalid: at least 1"),
+        (
+            ["rollout=vllm", "rollout.tensor_parallel_size=3"],
+            ConfigError,
+            "rollout.tensor_parallel_size = 3 is invalid: it must divide the model's 4 attention heads",
+        ),
+        (
+            ["rollout=vllm", "rollout.tensor_parallel_size=4"],
+            ConfigError,
+            r"rollout.tensor_parallel_size = 4 must divide the 2 rollout process\(es\) of the placement",
         ),
         (
             ["experiment=arithmetic_grpo_disagg", "cluster.component_placement.reward=null"],

@@ -27,10 +27,11 @@ class Peer(Worker):
     def recv_all(self, count: int, group: str, rank: int) -> list[Any]:
         return [self.recv(group, rank) for _ in range(count)]
 
-    def all_reduce(self, value: float) -> float:
-        """The sum over ranks of `value * (rank + 1)`, so that every rank contributes its own number."""
+    def all_reduce(self, value: float, ranks_per_group: int | None = None) -> float:
+        """The sum over the ranks of this rank's process group of `value * (rank + 1)`, so that every rank contributes
+        its own number."""
         if not dist.is_initialized():
-            self.init_process_group()
+            self.init_process_group(ranks_per_group=ranks_per_group)
         tensor = torch.tensor([value * (self.rank + 1)])
         dist.all_reduce(tensor)
         return tensor.item()
@@ -137,6 +138,18 @@ def test_default_process_group_coexists_with_transfers(peers: tuple[WorkerGroup,
     received = actor.recv_all(1, "rollout", 1)
     rollout.execute_on(1).broadcast_all([torch.ones(5)], "actor").wait(timeout=60)
     assert_same(received.wait(timeout=60)[0][0], torch.ones(5))
+
+
+def test_ranks_split_into_process_groups_of_their_own(cluster: Cluster) -> None:
+    """`init_process_group(ranks_per_group=2)` on 4 ranks: two default process groups of two consecutive ranks each
+    (the replicas of a rollout engine split over two ranks), which reduce over their own ranks only."""
+    group = Peer.create_group().launch(cluster, name="replicas", placement_strategy=on_devices((0,), (0,), (1,), (1,)))
+    try:
+        with pytest.raises(WorkerError, match="ranks_per_group = 3 must divide the group's 4 ranks"):
+            group.execute_on(0).all_reduce(1.0, 3).wait(timeout=60)
+        assert group.all_reduce(1.0, 2).wait(timeout=60) == [3.0, 3.0, 7.0, 7.0]  # 1 + 2 and 3 + 4
+    finally:
+        group.terminate()
 
 
 def test_unknown_peer_group_or_rank_is_a_clear_error(peers: tuple[WorkerGroup, WorkerGroup]) -> None:

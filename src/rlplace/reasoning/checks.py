@@ -6,9 +6,12 @@ Kept apart from the runner so that `rlplace-plan` runs them without importing Ra
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 from rlplace.core.errors import ConfigError
 from rlplace.placement import ComponentPlacement
+from rlplace.planner.memory import TransformerShape
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.memory import check_memory
@@ -20,7 +23,8 @@ from rlplace.reasoning.tasks.prompts import PromptSource
 def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None:
     """Micro-batches divide the prompts; the task's problems can be made (its data files read and checked); the
     model folder, the reward model's (a classifier with one output) and what the backend requires exist when asked
-    for; and what the placement decides holds (`check_placement`)."""
+    for; a split rollout engine can be split (`check_tensor_parallel`); and what the placement decides holds
+    (`check_placement`)."""
     task, rollout = cfg.task, cfg.rollout
     if task.prompts_per_step % rollout.micro_batch_prompts:
         raise ConfigError(
@@ -42,6 +46,7 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
                 "algorithm.filter_groups = true is invalid with reward.model_path: groups are filtered by the rule "
                 "reward where they are generated, before the reward model scores them (valid: false)"
             )
+    check_tensor_parallel(cfg)
     check_placement(cfg, placement, source)
     backend = BACKENDS[rollout.backend]
     if backend.requires is not None and importlib.util.find_spec(backend.requires) is None:
@@ -52,10 +57,33 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
         )
 
 
+def check_tensor_parallel(cfg: ReasoningConfig) -> None:
+    """A rollout engine split over several ranks needs a backend that splits one and, where the model folder is
+    known, as many ranks as divide its attention heads (each rank computes whole heads)."""
+    rollout = cfg.rollout
+    size = rollout.tensor_parallel_size
+    if size == 1:
+        return
+    if not BACKENDS[rollout.backend].tensor_parallel:
+        splitting = [name for name in BACKENDS if BACKENDS[name].tensor_parallel]
+        raise ConfigError(
+            f"rollout.tensor_parallel_size = {size} is invalid with rollout.backend = {rollout.backend!r}, which "
+            f"holds the whole model on each rank (valid: 1, or rollout.backend={' or '.join(splitting)})"
+        )
+    if cfg.model.path is not None:
+        heads = TransformerShape.from_config(json.loads((Path(cfg.model.path) / "config.json").read_text())).num_heads
+        if heads % size:
+            raise ConfigError(
+                f"rollout.tensor_parallel_size = {size} is invalid: it must divide the model's {heads} attention "
+                f"heads (model.path = {cfg.model.path})"
+            )
+
+
 def check_placement(cfg: ReasoningConfig, placement: ComponentPlacement, source: PromptSource) -> None:
     """What the placement decides: the micro-batches divide over the actor ranks, each rank has enough responses
-    for its minibatches, and the predicted device memory fits cluster.device_memory_gb (`source`: the task's
-    problems, made once by the caller; the planner's search asks this of every candidate)."""
+    for its minibatches, the rollout ranks form whole engine replicas, and the predicted device memory fits
+    cluster.device_memory_gb (`source`: the task's problems, made once by the caller; the planner's search asks this
+    of every candidate)."""
     task, rollout = cfg.task, cfg.rollout
     num_micro_batches = task.prompts_per_step // rollout.micro_batch_prompts
     actors = placement.get_world_size("actor")
@@ -70,5 +98,11 @@ def check_placement(cfg: ReasoningConfig, placement: ComponentPlacement, source:
         raise ConfigError(
             f"algorithm.num_minibatches = {cfg.algorithm.num_minibatches} is more than each actor's {rows} responses "
             f"(task.prompts_per_step x algorithm.group_size / actor processes)"
+        )
+    rollouts, size = placement.get_world_size("rollout"), rollout.tensor_parallel_size
+    if rollouts % size:
+        raise ConfigError(
+            f"rollout.tensor_parallel_size = {size} must divide the {rollouts} rollout process(es) of the placement "
+            "(each engine replica is that many rollout ranks)"
         )
     check_memory(cfg, placement, source)

@@ -262,6 +262,10 @@ class GenerationConfig(ComponentConfig):
     """Sampling temperature for held-out answers: 0 is greedy."""
     micro_batch_prompts: int = 8
     """Prompts per micro-batch streamed rollout -> reward -> inference -> actor."""
+    tensor_parallel_size: int = 1
+    """Rollout ranks that hold one engine between them, its weights and KV cache split by tensor parallelism (vllm):
+    the group's ranks form world_size / tensor_parallel_size engine replicas, each generating its share of the
+    micro-batches. For a model whose engine does not fit one device."""
     gpu_memory_utilization: float = 0.4
     """vllm on a GPU: the share of device memory the engine may take (it shares the device when collocated)."""
     cuda_graphs: bool = True
@@ -289,6 +293,7 @@ class GenerationConfig(ComponentConfig):
             "1 while rollout.eval_temperature = 0 (greedy answers are all the same; sample with a temperature above 0)",
         )
         check(self.micro_batch_prompts >= 1, "rollout.micro_batch_prompts", self.micro_batch_prompts, "at least 1")
+        check(self.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", self.tensor_parallel_size, "at least 1")
         check(
             0 < self.gpu_memory_utilization <= 1,
             "rollout.gpu_memory_utilization",

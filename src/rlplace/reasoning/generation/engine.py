@@ -130,6 +130,9 @@ class EngineOptions:
     own graphs)."""
     compile_step: bool = False
     """hf with cuda_graphs: compile the decode step with `torch.compile` before capturing it."""
+    tensor_parallel_size: int = 1
+    """Ranks one engine is split over (backends with `tensor_parallel`): this process must have joined a default
+    torch.distributed group of that many ranks, each building its part of the same engine."""
 
 
 def make_engine(
@@ -144,5 +147,8 @@ def make_engine(
 
     `max_model_len` (prompt plus response tokens) defaults to the model's `max_position_embeddings`.
     """
+    options = options or EngineOptions()
+    if options.tensor_parallel_size > 1 and not BACKENDS[backend].tensor_parallel:
+        raise ValueError(f"the {backend} backend cannot split an engine over {options.tensor_parallel_size} ranks")
     module = importlib.import_module(BACKENDS[backend].module)
-    return module.build(model_path, torch.device(device), max_model_len, options or EngineOptions())
+    return module.build(model_path, torch.device(device), max_model_len, options)

