@@ -96,6 +96,31 @@ def test_sharding_divides_the_actors_state_and_offload_empties_the_idle_phase(mo
         assert replica.usage[name].in_phase("sync_weights") == replica.usage[name].resident + bucket
 
 
+def test_an_engine_split_over_ranks_holds_its_share_of_the_weights_and_keys_on_each(model_path):
+    """rollout.tensor_parallel_size = 2: each rollout rank holds half the engine's weights and half its key/value
+    heads (the tiny LM has 2), and in weight sync still takes whole buckets; with 4 ranks to an engine each still holds
+    one key/value head (vLLM copies a head where there are fewer than ranks)."""
+    overrides = [
+        "experiment=arithmetic_grpo",
+        f"model.path={model_path}",
+        "rollout=vllm",
+        "rollout.micro_batch_prompts=8",
+    ]
+    whole, halved = (
+        predict_memory(*_plan([*overrides, f"rollout.tensor_parallel_size={size}"])).usage["rollout"] for size in (1, 2)
+    )
+    shape = TransformerShape.from_config(json.loads((model_path / "config.json").read_text()))
+    assert shape.num_kv_heads == 2
+    assert whole.resident == 4 * shape.parameters() == 2 * halved.resident
+    kv_cache = whole.in_phase("generate_rollouts") - whole.resident
+    assert halved.in_phase("generate_rollouts") - halved.resident == kv_cache / 2
+    assert whole.in_phase("sync_weights") - whole.resident == halved.in_phase("sync_weights") - halved.resident
+    four = ["cluster.num_devices_per_node=4", "rollout.tensor_parallel_size=4"]
+    quarter = predict_memory(*_plan([*overrides, *four])).usage["rollout"]
+    assert quarter.resident == whole.resident / 4
+    assert quarter.in_phase("generate_rollouts") - quarter.resident == kv_cache / 2
+
+
 def _plan(overrides: list[str], profile: Path | None = None):
     """The run's config and placement; with `profile`, read as `plan.profile` by the memory model alone (a
     synthetic profile holds what it reads, not what the step model needs)."""

@@ -328,6 +328,8 @@ def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choic
     collocated = resolve(compose_run([*same, "cluster.num_devices_per_node=1"]))
     assert collocated.placement.mode == "collocated"
     assert collocated.prediction.phases["generate_rollouts"] > planned.prediction.phases["generate_rollouts"]
+    if VLLM:  # profiled with an engine split over 2 ranks, planned with a whole one on each rank
+        assert "(profiled split over 2)" in " ".join(collocated.prediction.assumptions)
     # placement=auto on the profiled cluster: the fastest candidate at the run's staleness, ranked, and the same
     # config as its override line run by hand.
     auto = resolve(compose_run([*same, "cluster=local4", "placement=auto"]))
