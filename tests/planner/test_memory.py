@@ -157,6 +157,28 @@ def test_a_run_that_would_fit_with_more_offload_is_told_which_switches(model_pat
     resolve(compose_run([*args, f"cluster.device_memory_gb={capacity}", *suggested]))  # fits: not refused
 
 
+def test_a_rollout_engine_too_large_for_its_devices_is_told_to_split_over_its_ranks(model_path):
+    """The rollout alone on devices 0 and 3, generating 256 responses a micro-batch (its KV cache the largest of any
+    device's phases): over a capacity its engine fits split over its 2 ranks, the refusal says so, and it does."""
+    args = [
+        "experiment=arithmetic_grpo_disagg",
+        f"model.path={model_path}",
+        "rollout=vllm",
+        'cluster.component_placement.rollout="0,3"',
+        "task.prompts_per_step=32",
+        "rollout.micro_batch_prompts=32",
+        "algorithm.group_size=8",
+        "rollout.max_new_tokens=64",
+        "actor.max_tokens_per_micro_batch=80",  # a row a pass: the actor's device stays under the rollout's
+    ]
+    whole, split = (predict_memory(*_plan([*args, f"rollout.tensor_parallel_size={t}"])) for t in (1, 2))
+    assert max(whole.peaks[0].values()) == whole.peak > split.peak
+    capacity = split.peak / 1e9 * 1.001
+    with pytest.raises(ConfigError, match=r"device 0 needs .* it fits with rollout.tensor_parallel_size=2 \("):
+        resolve(compose_run([*args, f"cluster.device_memory_gb={capacity}"]))
+    resolve(compose_run([*args, f"cluster.device_memory_gb={capacity}", "rollout.tensor_parallel_size=2"]))
+
+
 def test_a_model_built_here_is_checked_once_built_before_any_worker_starts(model_path):
     """Without model.path the shape is unknown until the run builds its model (`reasoning.launch.start` then checks
     it): the config alone predicts nothing, and the folder built stands in for model.path."""

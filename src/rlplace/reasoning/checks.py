@@ -6,15 +6,13 @@ Kept apart from the runner so that `rlplace-plan` runs them without importing Ra
 from __future__ import annotations
 
 import importlib.util
-import json
-from pathlib import Path
 
 from rlplace.core.errors import ConfigError
 from rlplace.placement import ComponentPlacement
 from rlplace.planner.memory import TransformerShape
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.generation.backends import BACKENDS
-from rlplace.reasoning.memory import check_memory
+from rlplace.reasoning.memory import check_memory, model_config
 from rlplace.reasoning.models.hf_folder import check_model_folder, check_reward_model_folder
 from rlplace.reasoning.tasks import make_prompt_source
 from rlplace.reasoning.tasks.prompts import PromptSource
@@ -70,8 +68,9 @@ def check_tensor_parallel(cfg: ReasoningConfig) -> None:
             f"rollout.tensor_parallel_size = {size} is invalid with rollout.backend = {rollout.backend!r}, which "
             f"holds the whole model on each rank (valid: 1, or rollout.backend={' or '.join(splitting)})"
         )
-    if cfg.model.path is not None:
-        heads = TransformerShape.from_config(json.loads((Path(cfg.model.path) / "config.json").read_text())).num_heads
+    config = model_config(cfg)
+    if config is not None:
+        heads = TransformerShape.from_config(config).num_heads
         if heads % size:
             raise ConfigError(
                 f"rollout.tensor_parallel_size = {size} is invalid: it must divide the model's {heads} attention "

@@ -27,7 +27,7 @@ import itertools
 import json
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlplace.core.errors import ConfigError
@@ -37,6 +37,7 @@ from rlplace.planner import Profile, ProfileError
 from rlplace.planner.memory import GB, TransformerShape, Usage, device_peaks, over_capacity
 from rlplace.planner.profile import load_model
 from rlplace.reasoning.config import FAMILY, OFFLOAD_SWITCHES, ReasoningConfig
+from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.streams import SCORING_ROWS
 from rlplace.reasoning.tasks import make_prompt_source, prompt_room
@@ -81,10 +82,10 @@ def predict_memory(
     """The run's predicted device memory; None when the model's shape is not known before it is built (a built
     model kind without model.path). With `plan.profile` of a run that measured its memory (CUDA devices), each
     component's prediction per phase is scaled by what that run measured over what was predicted for it."""
-    if cfg.model.path is None:
+    config = model_config(cfg)
+    if config is None:
         return None
     folder = Path(cfg.model.path)
-    config = json.loads((folder / "config.json").read_text())
     shape = TransformerShape.from_config(config)
     source = make_prompt_source(cfg.task) if source is None else source
     seq_len = _longest_prompt(source, folder) + cfg.rollout.max_new_tokens
@@ -103,6 +104,11 @@ def predict_memory(
     devices = {name: frozenset(placement.devices_of(name)) for name in placement.components}
     peaks = device_peaks(PHASES, devices, offloaded_during(PHASES, devices, cfg.offloadable), usage)
     return MemoryPlan(usage, peaks, seq_len, measured_from)
+
+
+def model_config(cfg: ReasoningConfig) -> dict | None:
+    """The `config.json` of `model.path`; None for a built model kind without one (not built yet)."""
+    return None if cfg.model.path is None else json.loads((Path(cfg.model.path) / "config.json").read_text())
 
 
 def _usage(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, ranks: Mapping[str, int]) -> dict[str, Usage]:
@@ -167,8 +173,9 @@ def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement, source: Pr
         fitting = _fitting_switches(cfg, placement, source, capacity)
         if fitting is None:
             remedy = (
-                "place fewer components there, offload them (placement presets' enable_offload), or shard the actor "
-                "and inference groups (actor.strategy=fsdp)"
+                "place fewer components there, offload them (placement presets' enable_offload), shard the actor "
+                "and inference groups (actor.strategy=fsdp), or split the rollout engine over more ranks "
+                "(rollout.tensor_parallel_size with rollout=vllm)"
             )
         else:
             remedy = f"it fits with {fitting[0]} ({fitting[1]:.3g} GB at its peak)"
@@ -181,14 +188,30 @@ def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement, source: Pr
 def _fitting_switches(
     cfg: ReasoningConfig, placement: ComponentPlacement, source: PromptSource, capacity: float
 ) -> tuple[str, float] | None:
-    """The fewest of the offload switches the run leaves off that make it fit, as overrides, with the peak they leave
-    (GB); None when none do."""
+    """The fewest changes that make the run fit, as overrides, with the peak they leave (GB); None when none do: the
+    offload switches the run leaves off, fewest first; then, with a backend that splits its engine, the rollout's
+    engine split over more of its ranks (each a divisor of its ranks and of the model's attention heads), alone and
+    with those switches."""
     off = [name for name in OFFLOAD_SWITCHES if not getattr(cfg, name).enable_offload]
-    for count in range(1, len(off) + 1):
-        for names in itertools.combinations(off, count):
-            plan = predict_memory(cfg.with_offload(dict.fromkeys(names, True)), placement, source)
+    switch_sets = [names for count in range(len(off) + 1) for names in itertools.combinations(off, count)]
+    rollout = cfg.rollout
+    splits = [rollout.tensor_parallel_size]
+    config = model_config(cfg)
+    if BACKENDS[rollout.backend].tensor_parallel and config is not None:
+        heads = TransformerShape.from_config(config).num_heads
+        ranks = placement.get_world_size("rollout")
+        splits += [t for t in range(rollout.tensor_parallel_size + 1, ranks + 1) if not ranks % t and not heads % t]
+    for split in splits:
+        split_cfg = replace(cfg, rollout=replace(rollout, tensor_parallel_size=split))
+        for names in switch_sets:
+            if not names and split == rollout.tensor_parallel_size:
+                continue  # the run as it is
+            plan = predict_memory(split_cfg.with_offload(dict.fromkeys(names, True)), placement, source)
             if plan is not None and over_capacity(plan.peaks, capacity) is None:
-                return " ".join(f"{name}.enable_offload=true" for name in names), plan.peak / GB
+                changes = [f"{name}.enable_offload=true" for name in names]
+                if split != rollout.tensor_parallel_size:
+                    changes.insert(0, f"rollout.tensor_parallel_size={split}")
+                return " ".join(changes), plan.peak / GB
     return None
 
 
