@@ -1,5 +1,6 @@
 """The hf and vllm generation engines: same greedy tokens for the same weights, in-place weight updates, sampling
-keyed per sequence, and stopping at EOS or max_new_tokens.
+keyed per sequence, and stopping at EOS or max_new_tokens; a vllm engine split over two ranks generates what one
+does.
 
 The models are tiny LMs trained for a few seconds to memorise 16 sums (or differences), so greedy outputs are
 confident, varied and end with EOS rather than being near-ties of a random initialisation. The tests that need a vLLM
@@ -22,14 +23,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlplace.core.config import ClusterConfig
 from rlplace.core.errors import ConfigError
 from rlplace.reasoning.config import MultiTurnConfig
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine, sequence_seed
 from rlplace.reasoning.generation.hf import HFEngine
+from rlplace.reasoning.generation.replicas import Replica
 from rlplace.reasoning.generation.turns import ToolCalling
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm
 from rlplace.reasoning.models.tokenizer import load_tokenizer
+from rlplace.reasoning.streams import micro_batches_of
 from rlplace.reasoning.tasks.prompts import Problem
+from rlplace.scheduler import Cluster, Worker, WorkerGroup
+from tests.conftest import SessionRay
+from tests.scheduler.helpers import on_devices
 
 EOS = 2
 PAIRS = [(73, 44), (33, 12), (72, 35), (75, 71), (74, 47), (18, 46), (98, 76), (94, 5)]
@@ -90,6 +97,8 @@ class BuiltVLLM:
     """torch.rand(4) right after building the engine with the global seed set to 123 before it."""
     temp_files_added: set[str]
     """What building the engine added to the temp folder."""
+    environ: dict[str, str]
+    """This process's environment before the engine was built (building one changes it)."""
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +112,7 @@ def vllm_built(models) -> Iterator[BuiltVLLM]:
     engine = make_engine("vllm", str(models.sums), "cpu")
     print(f"vllm engine start: {time.perf_counter() - start:.1f} s")
     try:
-        yield BuiltVLLM(engine, torch.rand(4), set(os.listdir(tempfile.gettempdir())) - before)
+        yield BuiltVLLM(engine, torch.rand(4), set(os.listdir(tempfile.gettempdir())) - before, environ)
         engine.close()
     finally:
         os.environ.clear()
@@ -114,6 +123,47 @@ def vllm_built(models) -> Iterator[BuiltVLLM]:
 @pytest.fixture
 def vllm(vllm_built):
     return vllm_built.engine
+
+
+class EnginePart(Worker):
+    """A rollout rank's part of a vLLM engine split over its group's ranks (`rollout.tensor_parallel_size`)."""
+
+    def __init__(self, model_path: str) -> None:
+        self.init_process_group(ranks_per_group=self.world_size)
+        options = EngineOptions(tensor_parallel_size=self.world_size)
+        self.engine = make_engine("vllm", model_path, self.device, options=options)
+
+    def generate(self, prompts: list[list[int]], temperature: float) -> list[list[int]]:
+        return _sample(self.engine, prompts, temperature)
+
+    def load(self, model_path: str) -> None:
+        self.engine.load_weights(load_causal_lm(model_path).state_dict().items())
+
+    def close(self) -> None:
+        """Shut the engine down as the process retires this worker."""
+        self.engine.close()
+
+
+@pytest.fixture(scope="module")
+def split_vllm(vllm_built, session_ray: SessionRay, models) -> Iterator[WorkerGroup]:
+    """The sums model's vLLM engine split over the two ranks of a rollout group, each rank its part of the engine in
+    a process group of the two, as a run's rollout builds it. Ray, where this process has none yet, starts with the
+    environment this process had before building its own engine (Ray's processes inherit it)."""
+    current = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(vllm_built.environ)
+    try:
+        session_ray.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(current)
+    cluster = Cluster(ClusterConfig())
+    group = EnginePart.create_group(str(models.sums)).launch(
+        cluster, name="rollout", placement_strategy=on_devices((0,), (1,))
+    )
+    yield group
+    group.terminate()  # which closes each rank's engine
+    cluster.shutdown()
 
 
 @pytest.fixture(params=["hf", "hf_static", pytest.param("vllm", marks=pytest.mark.slow)])
@@ -189,6 +239,37 @@ def test_load_weights_in_place_switches_both_engines_to_the_new_model(models, hf
     for engine in (hf, vllm):
         engine.load_weights(sums)
         assert _greedy(engine, models.prompts) == before
+
+
+@pytest.mark.slow
+def test_an_engine_split_over_two_ranks_generates_what_one_engine_does(models, vllm, split_vllm):
+    """Greedy and sampled, before and after an in-place weight update: the same tokens on each rank of the split
+    engine as the whole one's (every rank takes the whole tensors of an update and keeps its part)."""
+
+    def both(temperature: float) -> list[list[int]]:
+        expected = _sample(vllm, models.prompts, temperature)
+        assert split_vllm.generate(models.prompts, temperature).wait(timeout=120) == [expected, expected]
+        return expected
+
+    made = both(0.0), both(1.0)
+    for path, back in ((models.differences, False), (models.sums, True)):
+        vllm.load_weights(load_causal_lm(path).state_dict().items())
+        split_vllm.load(str(path)).wait(timeout=120)
+        assert ((both(0.0), both(1.0)) == made) is back
+
+
+def test_replicas_share_out_micro_batches_and_the_first_rank_of_each_hands_them_on():
+    replicas = [Replica.of(rank, 6, 2) for rank in range(6)]
+    assert [(r.index, r.count, r.part) for r in replicas] == [(i // 2, 3, i % 2) for i in range(6)]
+    assert [r.hands_on for r in replicas] == [True, False] * 3
+    made = [micro_batches_of(r.index, r.count, 8) for r in replicas if r.hands_on]
+    assert sorted(m for batches in made for m in batches) == list(range(8))  # each micro-batch once
+    assert Replica.of(3, 4, 1) == Replica(3, 4, 0)  # unsplit: a replica per rank
+
+
+def _sample(engine, prompts: list[list[int]], temperature: float) -> list[list[int]]:
+    ids = list(range(100, 100 + len(prompts)))
+    return engine.generate(prompts, ids, max_new_tokens=8, temperature=temperature, seed=5)
 
 
 def test_sampling_is_keyed_per_sequence_not_per_batch(models, engine):

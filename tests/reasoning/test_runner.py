@@ -61,6 +61,15 @@ ASYNC_PPO = [
     "algorithm.kl_ctrl=adaptive",  # the KL coefficient, part of the actor's state, moves every step ...
     "algorithm.kl_horizon=16",  # ... by up to 20%: a step's 16 responses
 ]
+SPLIT_ROLLOUT = [  # a vLLM engine split over 2 rollout ranks, on a device and a core each: 5 devices, the rest moved up
+    "rollout=vllm",
+    "rollout.tensor_parallel_size=2",
+    "cluster.num_devices_per_node=5",
+    "cluster.component_placement.rollout=0-1",
+    "cluster.component_placement.actor=2:0-1",
+    "cluster.component_placement.inference=3",
+    "cluster.component_placement.reward=4",
+]
 RUNS = {
     # Every component on device 0 (of one core), taking turns: the actor, rollout and inference offload while the
     # others work.
@@ -86,11 +95,7 @@ RUNS = {
         "rollout.micro_batch_prompts=1",
         "rollout.max_new_tokens=8",
         "cluster.component_placement.actor=1:0-1",
-        *(
-            ["rollout=vllm", "rollout.tensor_parallel_size=2", "cluster.component_placement.rollout=0:0-1"]
-            if VLLM
-            else []
-        ),
+        *(SPLIT_ROLLOUT if VLLM else []),
         "runner.profile=true",
     ],
 }
