@@ -170,7 +170,7 @@ def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement, source: Pr
     if over is not None:
         device, phase, excess = over
         need = plan.peaks[device][phase] / GB
-        fitting = _fitting_switches(cfg, placement, source, capacity)
+        fitting = _fitting_changes(cfg, placement, source, capacity)
         if fitting is None:
             remedy = (
                 "place fewer components there, offload them (placement presets' enable_offload), shard the actor "
@@ -185,7 +185,7 @@ def check_memory(cfg: ReasoningConfig, placement: ComponentPlacement, source: Pr
         )
 
 
-def _fitting_switches(
+def _fitting_changes(
     cfg: ReasoningConfig, placement: ComponentPlacement, source: PromptSource, capacity: float
 ) -> tuple[str, float] | None:
     """The fewest changes that make the run fit, as overrides, with the peak they leave (GB); None when none do: the
