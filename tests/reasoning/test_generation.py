@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,16 +109,26 @@ def vllm_built(models) -> Iterator[BuiltVLLM]:
     # vLLM's CPU set-up writes process-wide variables (LD_PRELOAD of torch's OpenMP among them), which every process
     # this pytest process starts later would inherit; in a run, only the rollout's own process builds an engine.
     environ = dict(os.environ)
-    start, before = time.perf_counter(), set(os.listdir(tempfile.gettempdir()))
-    engine = make_engine("vllm", str(models.sums), "cpu")
-    print(f"vllm engine start: {time.perf_counter() - start:.1f} s")
-    try:
+    with environment(environ):  # what building the engine writes is undone after the module
+        start, before = time.perf_counter(), set(os.listdir(tempfile.gettempdir()))
+        engine = make_engine("vllm", str(models.sums), "cpu")
+        print(f"vllm engine start: {time.perf_counter() - start:.1f} s")
         yield BuiltVLLM(engine, torch.rand(4), set(os.listdir(tempfile.gettempdir())) - before, environ)
         engine.close()
+    assert not os.path.exists(engine.scratch)
+
+
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """This process's environment is `values` inside the block, and what it was before again after it."""
+    before = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(values)
+    try:
+        yield
     finally:
         os.environ.clear()
-        os.environ.update(environ)
-    assert not os.path.exists(engine.scratch)
+        os.environ.update(before)
 
 
 @pytest.fixture
@@ -149,14 +160,8 @@ def split_vllm(vllm_built, session_ray: SessionRay, models) -> Iterator[WorkerGr
     """The sums model's vLLM engine split over the two ranks of a rollout group, each rank its part of the engine in
     a process group of the two, as a run's rollout builds it. Ray, where this process has none yet, starts with the
     environment this process had before building its own engine (Ray's processes inherit it)."""
-    current = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(vllm_built.environ)
-    try:
+    with environment(vllm_built.environ):
         session_ray.start()
-    finally:
-        os.environ.clear()
-        os.environ.update(current)
     cluster = Cluster(ClusterConfig())
     group = EnginePart.create_group(str(models.sums)).launch(
         cluster, name="rollout", placement_strategy=on_devices((0,), (1,))
