@@ -19,8 +19,9 @@ from rlplace.core.sharded import gathered
 from rlplace.core.strategies.base import Strategy, build_strategy
 from rlplace.core.strategies.training_state import load_training_state, save_training_state
 from rlplace.core.weights import load_whole
+from rlplace.reasoning import lora
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
-from rlplace.reasoning.config import ReasoningAlgorithmConfig
+from rlplace.reasoning.config import LoRAConfig, ReasoningAlgorithmConfig
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.reasoning.models.tiny_qwen2 import TinyQwen2Shape, build_tiny_qwen2
 from rlplace.reasoning.models.tokenizer import load_tokenizer
@@ -62,6 +63,8 @@ class Job:
     """`ppo` trains a critic beside the policy, under the same strategy."""
     recompute: bool = False
     """Activation checkpointing per decoder layer (`actor.gradient_checkpointing`)."""
+    lora: int = 0
+    """LoRA adapters of this rank on the policy (`actor.lora.rank`); 0: the whole policy trains."""
     steps: tuple[int, ...] = tuple(range(STEPS))
     save: str | None = None
     save_after: int = 2
@@ -116,8 +119,8 @@ def _run_job(rank: int, job: Job, folder: Path, out: Path) -> None:
     policy = load_causal_lm(folder).train()
     if job.recompute:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    policy = strategy.wrap(policy)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=alg.lr, weight_decay=0.0)
+    policy = strategy.wrap(lora.adapt(policy, LoRAConfig(rank=job.lora)))
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=alg.lr, weight_decay=0.0)
     trained = {"policy": (policy, optimizer)}
     critic = None
     if alg.has_critic:
@@ -168,7 +171,9 @@ def _frozen_copy(
     its log-probs and the policy's own for this rank's batch."""
     copy = strategy.wrap(load_causal_lm(folder).requires_grad_(False).eval(), trained=False)
     before = response_logprobs(copy, batch)
-    load_whole(copy.state_dict(), ((name, gathered(tensor)) for name, tensor in policy.state_dict().items()))
+    whole = {name: gathered(tensor) for name, tensor in policy.state_dict().items()}
+    export = lora.export(policy)  # a LoRA policy's adapters merged into its weights
+    load_whole(copy.state_dict(), (whole if export is None else export.convert(whole)).items())
     scores = {"before": before, "after": response_logprobs(copy, batch), "policy": response_logprobs(policy, batch)}
     # Three micro-batches over the ranks, scored by the copy and a reference model: rank 0 scores two, rank 1 one
     # and keeps in step for the second; sharded passes out of step would hang or gather the wrong model's shards.

@@ -40,6 +40,7 @@ from rlplace.families import resolve
 from rlplace.metrics import Timeline
 from rlplace.placement import PlacementError
 from rlplace.planner import PROFILE_FILE
+from rlplace.reasoning import lora
 from rlplace.reasoning.export import main as export_main
 from rlplace.reasoning.launch import check_checkpoint, checkpoint_identity
 from rlplace.reasoning.memory import predict_memory
@@ -87,14 +88,17 @@ RUNS = {
     ],
     # Each stage on its own device, 16 micro-batches of 8-token responses per step streaming through them (enough
     # for the stages to overlap even when generation is quick), routed over 2 actor ranks that average their
-    # gradients; generation with vLLM, one engine split over 2 rollout ranks (hf on 1 rank without vLLM); profiled
-    # for the planner (the actor's passes timed on both ranks at once after the run).
+    # gradients and train LoRA adapters (the engines and the inference group given the merged weights); generation
+    # with vLLM, one engine split over 2 rollout ranks (hf on 1 rank without vLLM); profiled for the planner (the
+    # actor's passes timed on both ranks at once after the run).
     "disaggregated": [
         "experiment=arithmetic_grpo_disagg",
         "task.prompts_per_step=16",
         "rollout.micro_batch_prompts=1",
         "rollout.max_new_tokens=8",
         "cluster.component_placement.actor=1:0-1",
+        "actor.lora.rank=8",
+        "algorithm.ent_coef=0.01",  # a gradient even where every reward of the untrained model is 0
         *(SPLIT_ROLLOUT if VLLM else []),
         "runner.profile=true",
     ],
@@ -287,6 +291,33 @@ def test_the_last_checkpoint_exports_as_the_final_model(variant: str, runs: Runs
 
 
 @pytest.mark.slow
+def test_lora_trains_its_adapters_and_hands_out_the_merged_policy(runs: Runs, model_path: Path, tmp_path: Path) -> None:
+    # The disaggregated run's 2 actor ranks train LoRA adapters: the checkpoint holds the base weights as loaded and
+    # AdamW state for the adapters alone; the final model is an ordinary model folder whose adapted projections
+    # moved (the engines ran on it: the version check above; the export test: the same merge from the checkpoint).
+    run = runs["disaggregated"]
+    models = trained_state(run / "checkpoints" / "step_000002", tmp_path / "state.pt")
+    start = load_causal_lm(model_path).state_dict()
+    adapters = {name for name in models["policy"] if ".lora_" in name}
+    assert set(models["policy_optimizer"]["state"]) == adapters
+    for name, tensor in models["policy"].items():
+        if name not in adapters:
+            assert torch.equal(tensor, start[lora.base_name(name)]), name
+    final = load_causal_lm(run / "final_model").state_dict()
+    moved = {name for name in start if not torch.equal(final[name], start[name])}
+    assert final.keys() == start.keys() and moved
+    assert {name.rsplit(".", 2)[-2] for name in moved} <= {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
+
+
+@pytest.mark.slow
 def test_vllm_backend_trains_and_its_weights_follow_the_actor(runs: Runs) -> None:
     # The disaggregated run generates with vLLM, one engine split over 2 rollout ranks: each rank checks the weight
     # version it is asked for every step (StaleWeightsError otherwise), so a finished run means the engine's weights
@@ -454,9 +485,14 @@ def test_bad_input_is_refused_before_workers_start(
         ("algorithm=reinforce_pp", "it was written with algorithm.name = 'ppo', this run has 'reinforce_pp'"),
         ("runner.max_staleness=0", "it was written with runner.max_staleness = 1, this run has 0"),
         ("a wider model", "it was written with the model's hidden_size = 64, this run has 128"),
+        (
+            "actor.lora.rank=4",
+            r"it was written with actor.lora = None, this run has \{'rank': 4, 'alpha': 16, 'target_modules': "
+            r"\['all-linear'\]\}",
+        ),
         ("an embodied run", r"not a checkpoint of the reasoning family \(no reasoning state in its runner.json\)"),
     ],
-    ids=["prompts_per_step", "algorithm", "staleness", "model_shape", "embodied"],
+    ids=["prompts_per_step", "algorithm", "staleness", "model_shape", "lora", "embodied"],
 )
 def test_check_checkpoint_refuses_a_checkpoint_this_run_cannot_continue(
     change: str, message: str, model_path: Path, tmp_path: Path, compose_cfg

@@ -2,16 +2,21 @@
 same losses and weights after 3 GRPO steps on a ~0.18 M-parameter Qwen2 of 4 layers (and PPO's critic beside it), a
 checkpoint written by 2 sharded ranks resuming on 1 full replica and the reverse, bf16 mixed precision close to fp32
 on the first step, activation checkpointing recomputing the same step, offload/onload of sharded state keeping
-every value, and an inference rank's sharded frozen copy scoring what the trained policy scores."""
+every value, and an inference rank's sharded frozen copy scoring what the trained policy scores. LoRA adapters train
+alike under both strategies, leave the base weights as they were loaded, resume across strategies, and give the
+inference copy, merged, the policy's log-probs."""
 
 from __future__ import annotations
 
 import multiprocessing
+from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from rlplace.reasoning import lora
+from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from tests.reasoning.sharded_ranks import STEPS, Job, build_model, run_rank
 
 JOBS = (
@@ -23,6 +28,9 @@ JOBS = (
     Job("sharded_ppo", "fsdp", 2, algorithm="ppo"),
     Job("replica_from_sharded", "ddp", 1, steps=(2,), resume="sharded_ckpt"),
     Job("sharded_from_replica", "fsdp", 2, steps=(2,), resume="replica_ckpt"),
+    Job("replica_lora", "ddp", 1, lora=4),
+    Job("sharded_lora", "fsdp", 2, lora=4, save="sharded_lora_ckpt"),
+    Job("replica_lora_from_sharded", "ddp", 1, lora=4, steps=(2,), resume="sharded_lora_ckpt"),
 )
 RTOL, ATOL = 1e-4, 1e-5
 """Two ranks sum each gradient in another order than one process (reduce-scatter of two halves, a minibatch's loss
@@ -37,11 +45,16 @@ pytestmark = pytest.mark.slow  # processes of their own, importing torch and tra
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model folder every job starts from."""
+    return build_model(tmp_path_factory.mktemp("model") / "model")
+
+
+@pytest.fixture(scope="module")
+def results(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     """Every job's ranks: one process group per rank count, both started at once (a resumed job waits for the
     checkpoint it reads)."""
     root = tmp_path_factory.mktemp("sharded")
-    folder = build_model(root / "model")
     context = mp.get_context("spawn")
     processes: list[multiprocessing.process.BaseProcess] = []
     for world_size in (1, 2):  # a group of processes each, running its jobs in turn
@@ -70,7 +83,7 @@ def _close_stats(found: dict[str, float], expected: dict[str, float], rel: float
         assert found[key] == pytest.approx(expected[key], rel=rel, abs=ATOL), key
 
 
-@pytest.mark.parametrize("algorithm", ["", "_ppo"], ids=["grpo", "ppo_with_critic"])
+@pytest.mark.parametrize("algorithm", ["", "_ppo", "_lora"], ids=["grpo", "ppo_with_critic", "grpo_lora"])
 def test_two_sharded_ranks_train_what_one_replica_trains(results, algorithm):
     replica, sharded = results[f"replica{algorithm}"][0], results[f"sharded{algorithm}"]
     for step in range(STEPS):
@@ -84,7 +97,12 @@ def test_two_sharded_ranks_train_what_one_replica_trains(results, algorithm):
 
 
 @pytest.mark.parametrize(
-    "resumed, uninterrupted", [("replica_from_sharded", "replica"), ("sharded_from_replica", "sharded")]
+    "resumed, uninterrupted",
+    [
+        ("replica_from_sharded", "replica"),
+        ("sharded_from_replica", "sharded"),
+        ("replica_lora_from_sharded", "replica_lora"),
+    ],
 )
 def test_a_checkpoint_resumes_under_another_rank_count_and_strategy(results, resumed, uninterrupted):
     # 2 sharded ranks -> 1 replica, and 1 replica -> 2 sharded ranks: the third step continues as the run that never
@@ -117,14 +135,31 @@ def test_activation_checkpointing_recomputes_the_same_step(results):
     _close_stats(results["sharded_recompute"][0]["stats"][0], results["sharded"][0]["stats"][0])
 
 
-@pytest.mark.parametrize("job", ["replica", "sharded", "sharded_bf16"])
+@pytest.mark.parametrize("job", ["replica", "sharded", "sharded_bf16", "sharded_lora"])
 def test_an_inference_copy_given_the_trained_weights_scores_what_the_policy_scores(results, job):
     # The inference group's frozen copy of the policy under the actor's strategy: sharded, each rank keeps its part of
     # the whole tensors weight sync sends (`load_whole`), and scores to the last bit what the trained shards score.
+    # A LoRA policy's copy holds W + s B A where the policy computes W x + s B (A x): the same to float rounding.
     for rank in results[job]:
         copy = rank["copy"]
-        assert torch.equal(copy["after"], copy["policy"])
+        if job.endswith("_lora"):
+            torch.testing.assert_close(copy["after"], copy["policy"], rtol=0, atol=1e-5)
+        else:
+            assert torch.equal(copy["after"], copy["policy"])
         assert not torch.equal(copy["before"], copy["after"])  # the weights it was given are the trained ones
-        for policy, reference in copy["micro_batches"]:
-            assert torch.equal(policy, copy["policy"])
+        for scored, reference in copy["micro_batches"]:
+            assert torch.equal(scored, copy["after"])
             torch.testing.assert_close(reference, copy["reference"], rtol=0, atol=0 if job != "sharded_bf16" else 0.1)
+
+
+def test_lora_trains_its_adapters_alone(results, folder):
+    # The base weights stay as loaded, to the bit; every adapter's B (zero at the start) has moved.
+    weights = results["sharded_lora"][0]["weights"]
+    base = load_causal_lm(folder).state_dict()
+    adapters = [name for name in weights if ".lora_" in name]
+    assert adapters and all(".lora_A." in name or ".lora_B." in name for name in adapters)
+    for name, tensor in weights.items():
+        if name in adapters:
+            assert ".lora_A." in name or tensor.abs().max() > 0, name
+        else:
+            assert torch.equal(tensor, base[lora.base_name(name.removeprefix("policy."))]), name

@@ -7,12 +7,14 @@ and the version, so the receiver knows how many messages make one update, and a 
 each hold a shard of every tensor (`actor.strategy = fsdp`), every rank takes part: each bucket is gathered into full
 tensors (`full_tensor()`) and rank 0 sends it, so no rank ever holds more than one bucket of the whole model beyond
 its shards. A receiver whose model is sharded the same way (the inference group under `actor.strategy = fsdp`) keeps
-its own part of each tensor it receives.
+its own part of each tensor it receives. A model whose receivers load other tensors than it trains (a LoRA policy:
+`reasoning.lora`) sends them converted, bucket by bucket (`Export`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -25,29 +27,55 @@ class StaleWeightsError(RuntimeError):
     training never acts on stale weights)."""
 
 
-def buckets(state: dict[str, torch.Tensor], bucket_mb: float) -> list[dict[str, torch.Tensor]]:
-    """Split a state dict, in order, into dicts of at most `bucket_mb` MB each (a larger tensor travels alone)."""
+@dataclass(frozen=True)
+class Export:
+    """How a model's state dict becomes the tensors its receivers load, where they differ."""
+
+    unit: Callable[[str], str]
+    """The entries that `convert` needs together, by a name they share: they travel in one bucket."""
+    convert: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+    """Whole tensors of one bucket -> what the receivers load."""
+
+
+def buckets(
+    state: dict[str, torch.Tensor], bucket_mb: float, unit: Callable[[str], str] | None = None
+) -> list[dict[str, torch.Tensor]]:
+    """Split a state dict, in order, into dicts of at most `bucket_mb` MB each (a larger tensor travels alone), never
+    between consecutive entries of the same `unit`."""
     limit = bucket_mb * 1e6
     out: list[dict[str, torch.Tensor]] = [{}]
     size = 0.0
+    last = None
     for name, tensor in state.items():
         nbytes = tensor.numel() * tensor.element_size()
-        if out[-1] and size + nbytes > limit:
+        together = unit is not None and unit(name) == last
+        if out[-1] and size + nbytes > limit and not together:
             out.append({})
             size = 0.0
         out[-1][name] = tensor.detach()
         size += nbytes
+        last = unit(name) if unit is not None else None
     return out
 
 
-def broadcast_weights(worker: Worker, model: torch.nn.Module, version: int, dst_group: str, bucket_mb: float) -> int:
-    """Send `model`'s weights, labelled `version`, from rank 0 to every rank of `dst_group`; returns the number of
-    buckets. Every rank of a sharded model calls it (the gathers are collective); other ranks of a replicated one may
-    too, and send nothing."""
-    parts = buckets(model.state_dict(), bucket_mb)  # a sharded tensor's size is its whole size
+def broadcast_weights(
+    worker: Worker,
+    model: torch.nn.Module,
+    version: int,
+    dst_group: str,
+    bucket_mb: float,
+    export: Export | None = None,
+) -> int:
+    """Send `model`'s weights (converted by `export`), labelled `version`, from rank 0 to every rank of `dst_group`;
+    returns the number of buckets. Every rank of a sharded model calls it (the gathers are collective); other ranks
+    of a replicated one may too, and send nothing."""
+    unit = export.unit if export is not None else None
+    parts = buckets(model.state_dict(), bucket_mb, unit)  # a sharded tensor's size is its whole size
     for index, part in enumerate(parts):
         full = {name: gathered(tensor) for name, tensor in part.items()}
         if worker.rank == 0:
+            if export is not None:
+                full = export.convert(full)
             first = {"num_buckets": len(parts), "version": version} if index == 0 else {}
             worker.broadcast({**first, "tensors": full}, dst_group)
     return len(parts)

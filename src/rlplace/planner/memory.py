@@ -17,6 +17,8 @@ GB = 1e9
 FP32_BYTES = 4
 ADAMW_STATE_BYTES = 3 * FP32_BYTES
 """A trained parameter between updates: its float32 weight and AdamW's two moments."""
+ALL_LINEAR = "all-linear"
+"""LoRA's target of every linear layer but the output head (PEFT's name for it)."""
 
 
 @dataclass(frozen=True)
@@ -75,22 +77,52 @@ class TransformerShape:
         the LM head), and weight sync sends both."""
         return self.parameters() + (self.embedding_parameters() if self.tied_embeddings else 0)
 
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """A decoder layer's linear layers by name: (inputs, outputs)."""
+        h, kv, i = self.hidden_size, self.kv_size, self.intermediate_size
+        return {
+            "q_proj": (h, h),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (h, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    def lora_parameters(self, rank: int, targets: Sequence[str]) -> int:
+        """LoRA adapters of `rank` on the decoder layers' linear layers named in `targets` (or all of them, with
+        `all-linear`): rank x (inputs + outputs) each."""
+        adapted = self.projections()
+        if list(targets) != [ALL_LINEAR]:
+            names = {target.rsplit(".", 1)[-1] for target in targets}
+            adapted = {name: size for name, size in adapted.items() if name in names}
+        return self.num_layers * sum(rank * (fan_in + fan_out) for fan_in, fan_out in adapted.values())
+
     def largest_unit(self) -> int:
         """The largest part a sharded model gathers at once: a decoder layer or a vocabulary matrix."""
         return max(self.layer_parameters(), self.embedding_parameters())
 
-    def state_bytes(self, ranks: int, head: bool = True) -> int:
+    def state_bytes(self, ranks: int, head: bool = True, adapters: int | None = None) -> int:
         """One rank's share of the float32 weights and AdamW's two moments (12 bytes a parameter): what stays on its
-        device between updates, each of which frees its gradients when it ends (`ranks` 1 for a replica)."""
-        return -(-ADAMW_STATE_BYTES * self.parameters(head) // ranks)
+        device between updates, each of which frees its gradients when it ends (`ranks` 1 for a replica). With
+        `adapters` LoRA parameters, the model's weights are frozen (4 bytes each) and the adapters train."""
+        if adapters is None:
+            return -(-ADAMW_STATE_BYTES * self.parameters(head) // ranks)
+        return -(-(FP32_BYTES * self.parameters(head) + ADAMW_STATE_BYTES * adapters) // ranks)
 
-    def training_state_bytes(self, ranks: int, sharded: bool, compute_bytes: int, head: bool = True) -> int:
+    def training_state_bytes(
+        self, ranks: int, sharded: bool, compute_bytes: int, head: bool = True, adapters: int | None = None
+    ) -> int:
         """One rank's training state inside a pass, its float32 gradients included: a replica's whole state;
-        sharded, 1/`ranks` of it plus one gathered unit in the compute precision and its unreduced gradient."""
-        whole = (ADAMW_STATE_BYTES + FP32_BYTES) * self.parameters(head)
+        sharded, 1/`ranks` of it plus one gathered unit in the compute precision and its unreduced gradient. With
+        `adapters` LoRA parameters, only they have gradients."""
+        trained = self.parameters(head) if adapters is None else adapters
+        whole = self.state_bytes(1, head, adapters) + FP32_BYTES * trained
         if not sharded:
             return whole
-        return -(-whole // ranks) + self.largest_unit() * (compute_bytes + FP32_BYTES)
+        unit_gradient = FP32_BYTES if adapters is None else 0  # an adapter's is a rounding error beside the unit
+        return -(-whole // ranks) + self.largest_unit() * (compute_bytes + unit_gradient)
 
     def frozen_bytes(self, ranks: int, sharded: bool) -> int:
         """One rank's float32 copy of the model for forward passes alone: the whole of it, or sharded 1/`ranks`."""

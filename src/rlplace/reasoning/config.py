@@ -40,6 +40,7 @@ __all__ = [
     "DatasetTaskConfig",
     "InferenceConfig",
     "LMConfig",
+    "LoRAConfig",
     "MultiTurnConfig",
     "PretrainConfig",
     "ReasoningAlgorithmConfig",
@@ -303,6 +304,32 @@ class GenerationConfig(ComponentConfig):
 
 
 @dataclass
+class LoRAConfig:
+    """Low-rank adapters on the policy (`rlplace.reasoning.lora`; verl's `model.lora_rank`, OpenRLHF's
+    `--lora_rank`): the base weights frozen, gradients and AdamW state for the adapters alone. The critic trains in
+    full."""
+
+    rank: int = 0
+    """The adapters' rank r; 0: off (the whole policy trains)."""
+    alpha: int = 16
+    """Adapters scaled by alpha / rank."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """The linear layers adapted, by name (`[q_proj,v_proj]`), or `[all-linear]`: every linear layer but the output
+    head; checked against the model before anything starts."""
+
+    def __post_init__(self) -> None:
+        check(self.rank >= 0, "actor.lora.rank", self.rank, "0 (off) or more")
+        check(self.alpha > 0, "actor.lora.alpha", self.alpha, "more than 0")
+        check(
+            bool(self.target_modules), "actor.lora.target_modules", self.target_modules, "layer names or [all-linear]"
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+@dataclass
 class ActorConfig(ComponentConfig):
     """How the actor's ranks train the policy (and the critic): replicated or sharded, in which precision, in passes
     of how many tokens."""
@@ -321,6 +348,8 @@ class ActorConfig(ComponentConfig):
     max_tokens_per_micro_batch: int | None = None
     """Cut each optimizer step's rows into forward/backward passes of at most this many (padded) tokens, shortest
     rows together (`rlplace.reasoning.micro_batches`); None: one pass per optimizer step."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """Train low-rank adapters instead of the whole policy; off unless lora.rank is set."""
 
     def __post_init__(self) -> None:
         check_choice("actor.strategy", self.strategy, (AUTO, *STRATEGIES.names()))

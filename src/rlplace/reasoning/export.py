@@ -5,8 +5,8 @@ A checkpoint holds the policy in `torch.distributed.checkpoint` form, one part p
 model folder's files but its weights (`model/`: config, generation config, tokenizer, chat template). The policy is
 built from that config without initialising its weights, read from every rank's part in this one process (DCP
 reshards on load, whatever strategy and rank count wrote it) and written with the files beside it: the weights of
-step k as the run's `final_model/` would have held them had it stopped there. TARGET is written atomically and must
-not exist yet.
+step k as the run's `final_model/` would have held them had it stopped there (a LoRA policy's adapters merged, as
+there). TARGET is written atomically and must not exist yet.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pathlib import Path
 
 from rlplace.core import checkpoint
 from rlplace.core.errors import ConfigError
-from rlplace.reasoning.config import FAMILY
+from rlplace.reasoning import lora
+from rlplace.reasoning.config import FAMILY, LoRAConfig
 from rlplace.reasoning.workers.actor import MODEL_FILES_DIR, MODELS_DIR
 
 KEY = "checkpoint"
@@ -27,11 +28,11 @@ POLICY = "policy"
 """The policy's entry of the actor's training state (`training_state.save_training_state`)."""
 
 
-def check_export(folder: Path, target: Path) -> None:
+def check_export(folder: Path, target: Path) -> dict | None:
     """Refuse, in one line naming the argument, a folder that is not a complete reasoning checkpoint with its model
-    files, and a target that already exists."""
+    files, and a target that already exists; returns the settings of the policy's LoRA adapters (None without)."""
     checkpoint.verify(folder, KEY)
-    checkpoint.read_state(folder, FAMILY, KEY)
+    state = checkpoint.read_state(folder, FAMILY, KEY)
     if not (folder / MODEL_FILES_DIR / "config.json").is_file():
         raise ConfigError(
             f"{KEY} = {str(folder)!r} is invalid: it has no {MODEL_FILES_DIR}/config.json (written before checkpoints "
@@ -39,6 +40,7 @@ def check_export(folder: Path, target: Path) -> None:
         )
     if target.exists():
         raise ConfigError(f"target = {str(target)!r} is invalid: it exists (valid: a folder that does not exist yet)")
+    return state["identity"].get(lora.IDENTITY)
 
 
 def export_checkpoint(folder: Path, target: Path) -> Path:
@@ -50,19 +52,22 @@ def export_checkpoint(folder: Path, target: Path) -> Path:
 
     from rlplace.core.strategies.training_state import single_process_quiet
 
-    check_export(folder, target)
+    adapters = check_export(folder, target)
     files = folder / MODEL_FILES_DIR
     with torch.device("meta"):
-        policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(files), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(files), dtype=torch.float32)
+        policy = lora.adapt(model, LoRAConfig(**adapters)) if adapters else model
     policy.to_empty(device="cpu")
     state = {POLICY: get_model_state_dict(policy)}
     with single_process_quiet():
         dcp.load(state, checkpoint_id=folder / MODELS_DIR)
     set_model_state_dict(policy, state[POLICY])
+    export = lora.export(policy)  # a plain policy saves its own weights
+    weights = None if export is None else export.convert(policy.state_dict())
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(files, tmp)
-    policy.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=weights)
     tmp.rename(target)
     return target
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -20,6 +20,8 @@ from rlplace.placement import ComponentPlacement, HybridComponentPlacement
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.generation.turns import call_end_id
+from rlplace.reasoning.lora import IDENTITY as LORA_KEY
+from rlplace.reasoning.lora import check_targets
 from rlplace.reasoning.memory import check_memory
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.pretrain import pretrained_model_path
@@ -72,6 +74,7 @@ def start(cfg: ReasoningConfig, cluster: Cluster) -> StartingRun:
     check_remote_reward(cfg.reward_name)  # before a pretraining, which scores with it
     model_path = pretrained_model_path(cfg)
     source = check_prompts_fit(cfg, model_path)
+    check_targets(model_path, cfg.actor.lora)
     placement = HybridComponentPlacement(cfg, cluster)
     check_built_model_memory(cfg, model_path, placement, source)
 
@@ -160,13 +163,15 @@ def runner(cfg: ReasoningConfig, starting: StartingRun, context: RunContext) -> 
 def checkpoint_identity(cfg: ReasoningConfig, model_path: Path) -> dict[str, Any]:
     """What a checkpoint must share with the run that resumes it: the prompts per step (which prompts and sample
     ids each step draws), the algorithm (whether there is a critic to restore), the model's shapes (the saved
-    weights must fit) and the staleness K (the checkpoint holds the K steps' micro-batches generated ahead, cut
-    into micro-batches of its rollout.micro_batch_prompts)."""
+    weights must fit), its LoRA adapters (null without: checkpoints written before they existed have none) and the
+    staleness K (the checkpoint holds the K steps' micro-batches generated ahead, cut into micro-batches of its
+    rollout.micro_batch_prompts)."""
     model = json.loads((model_path / "config.json").read_text())
     identity = {
         "task.prompts_per_step": cfg.task.prompts_per_step,
         "algorithm.name": cfg.algorithm.name,
         **{f"the model's {key}": model.get(key) for key in MODEL_SHAPE_KEYS},
+        LORA_KEY: asdict(cfg.actor.lora) if cfg.actor.lora.enabled else None,
         "runner.max_staleness": cfg.runner.max_staleness,
     }
     if cfg.runner.max_staleness:

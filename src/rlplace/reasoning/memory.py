@@ -3,9 +3,9 @@ anything starts when it exceeds `cluster.device_memory_gb`.
 
 Per rank, from the model folder's `config.json` and the run's sizes:
 - actor: float32 weights and AdamW's two moments (12 bytes a parameter; with `actor.strategy = fsdp` 1/N of them per
-  rank), the critic's alike for ppo; training, its float32 gradients too (freed when the update ends), one
-  gathered unit in the compute precision and its unreduced gradient when sharded, and the activations of its largest
-  training pass;
+  rank; with LoRA, 4 bytes a frozen parameter and 12 an adapter's), the critic's alike for ppo; training, the float32
+  gradients of what trains too (freed when the update ends), one gathered unit in the compute precision and its
+  unreduced gradient when sharded, and the activations of its largest training pass;
 - rollout: the engine's weights in its precision (float32 for hf, bfloat16 for vLLM on a GPU) and the KV cache of a
   micro-batch's responses at full length, both split over `rollout.tensor_parallel_size` ranks; a vLLM engine on a
   GPU reserves `rollout.gpu_memory_utilization` of the device instead; in weight sync, one float32 bucket beside its
@@ -223,9 +223,13 @@ def _sharded(cfg: ReasoningConfig, ranks: int) -> bool:
 def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: int) -> Usage:
     sharded = _sharded(cfg, ranks)
     compute = BF16 if cfg.actor.dtype == "bf16" else FP32
-    heads = [True] + ([False] if cfg.algorithm.has_critic else [])  # the policy; the critic has no LM head
-    resident = sum(shape.state_bytes(ranks if sharded else 1, head) for head in heads)
-    state = sum(shape.training_state_bytes(ranks, sharded, compute, head) for head in heads)
+    lora = cfg.actor.lora
+    adapters = shape.lora_parameters(lora.rank, lora.target_modules) if lora.enabled else None
+    models = [(True, adapters)]  # the policy, and the critic (without an LM head, trained in full)
+    if cfg.algorithm.has_critic:
+        models.append((False, None))
+    resident = sum(shape.state_bytes(ranks if sharded else 1, head, trained) for head, trained in models)
+    state = sum(shape.training_state_bytes(ranks, sharded, compute, head, trained) for head, trained in models)
     rows = cfg.task.prompts_per_step * cfg.algorithm.group_size // ranks // cfg.algorithm.num_minibatches
     budget = cfg.actor.max_tokens_per_micro_batch
     if budget is not None:  # a pass holds as many rows of its width as fit, one at least

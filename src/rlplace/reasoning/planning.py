@@ -206,6 +206,12 @@ class StepModel:
                 f"a micro-batch's generation divides evenly over the ranks its engine is split over (profiled split "
                 f"over {profiled_split})"
             )
+        profiled_lora = self.config.get("lora_rank", 0)  # profiles written before LoRA trained the whole policy
+        if run.get("lora_rank", 0) != profiled_lora:
+            assumptions.append(
+                "an update costs what it cost the profiled run, which trained "
+                + (f"LoRA adapters of rank {profiled_lora}" if profiled_lora else "the whole policy")
+            )
         stage_work = self._stage_work(run, layout)
         generation = self._generation(run, layout) + self.call_s * _call_rounds(layout)
         actors = layout.processes["actor"]

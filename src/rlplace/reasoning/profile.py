@@ -41,6 +41,7 @@ def shape(cfg: ReasoningConfig) -> dict[str, Any]:
         "update_epochs": cfg.algorithm.update_epochs,
         "num_minibatches": cfg.algorithm.num_minibatches,
         "max_tokens_per_micro_batch": cfg.actor.max_tokens_per_micro_batch,
+        "lora_rank": cfg.actor.lora.rank,
         "algorithm": cfg.algorithm.name,
         "max_staleness": cfg.runner.max_staleness,
         "offload": cfg.offloadable,

@@ -6,7 +6,8 @@ everywhere, so any rank count trains the same update (`core.data_parallel`). `ac
 the models (`rlplace.core.strategies`): a full replica each (ddp) or a shard each (fsdp). Either way the rollout and
 inference groups receive full tensors, gathered bucket by bucket (`core.weights`), checkpoints hold every rank's part
 (`torch.distributed.checkpoint`, resumable under another rank count and strategy), and rank 0 writes the final model
-as an ordinary Hugging Face folder.
+as an ordinary Hugging Face folder. With `actor.lora.rank` the policy trains low-rank adapters over frozen weights
+(`reasoning.lora`), and what leaves the actor (weight sync, the final model) has them merged.
 
 With runner.max_staleness = K > 0 a rank holds up to K steps' micro-batches received and not yet trained on
 (`pending`, part of its checkpoint). Their old log-probs are the behaviour policy's (the inference worker computed
@@ -34,6 +35,7 @@ from rlplace.core.strategies.base import build_strategy
 from rlplace.core.strategies.training_state import load_training_state, save_training_state
 from rlplace.core.timing import median_seconds
 from rlplace.core.weights import broadcast_weights
+from rlplace.reasoning import lora
 from rlplace.reasoning.advantages import adaptive_kl_coef
 from rlplace.reasoning.batch import SequenceBatch, response_logits, response_logprobs
 from rlplace.reasoning.config import ReasoningConfig
@@ -67,8 +69,14 @@ class LLMActorWorker(Worker):
         self.strategy = build_strategy(name, self.world_size, self.device, actor.dtype, self.average_over_group)
         if self.world_size > 1 or self.strategy.collective_passes:
             self.init_process_group()
-        self.policy = self._trainable(load_causal_lm(model_path, self.device))
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=alg.lr, weight_decay=alg.weight_decay)
+        self.model = load_causal_lm(model_path, self.device)
+        """The policy's Hugging Face model, which writes the final model folder (`self.policy` is it, or its LoRA
+        wrapper)."""
+        self.policy = self._trainable(lora.adapt(self.model, actor.lora))
+        self.export = lora.export(self.policy)
+        """How the policy's weights leave the actor: None as they are, or with its adapters merged."""
+        trained = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=alg.lr, weight_decay=alg.weight_decay)
         self.critic: ValueModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if alg.has_critic:
@@ -111,7 +119,7 @@ class LLMActorWorker(Worker):
         shards when they are sharded)."""
         for group in receivers:
             broadcast_weights(
-                self, self.policy, self.version, dst_group=group, bucket_mb=self.cfg.weight_sync.bucket_mb
+                self, self.policy, self.version, group, self.cfg.weight_sync.bucket_mb, export=self.export
             )
         return self.version
 
@@ -274,14 +282,16 @@ class LLMActorWorker(Worker):
 
     def save_model(self, folder: str) -> None:
         """Rank 0 writes the policy and tokenizer as a Hugging Face folder, atomically (temporary folder, rename),
-        its weights gathered from every rank's shards on the CPU."""
+        its weights gathered from every rank's shards on the CPU (and LoRA adapters merged into them)."""
         state = self.strategy.full_state_dict(self.policy)
         if self.rank != 0:
             return
+        if self.export is not None:
+            state = self.export.convert(state)
         final = Path(folder)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.policy.save_pretrained(tmp, state_dict=state)
+        self.model.save_pretrained(tmp, state_dict=state)
         load_tokenizer(self.model_path).save_pretrained(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)

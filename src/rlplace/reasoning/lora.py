@@ -1,0 +1,126 @@
+"""LoRA for the reasoning actor (`actor.lora.rank`): the policy's base weights frozen, low-rank adapters trained.
+
+The actor wraps its policy with PEFT's LoRA (`adapt`), so gradients and AdamW state exist for the adapters alone:
+a rank's training state shrinks from 16 bytes a parameter (weight, gradient, two moments) to the 4 of its frozen
+weight, plus the adapters' few percent. Everything the
+actor hands out is an ordinary model's weights, each adapted matrix merged as W + s · B A (`merge`, the arithmetic of
+PEFT's own merge): weight sync (the rollout engine and the inference group's policy copy never see an adapter), the
+final model and `rlplace-export`. The merge is computed out of place, bucket by bucket, so the frozen W stays exactly
+what was loaded; merging into W and out again would move it by rounding at every sync. B starts at zero, so the
+first policy is the base model, and the reference model stays the base, as the inference group loads it.
+
+Adapters are initialised from torch's generator, which the actor seeds with runner.seed before it loads the model:
+the same on every rank and in every placement. There is no adapter dropout, which would draw noise per rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rlplace.core.errors import ConfigError
+from rlplace.core.weights import Export
+from rlplace.planner.memory import ALL_LINEAR
+from rlplace.reasoning.config import LoRAConfig
+
+ADAPTER = "default"
+"""PEFT's name of the one adapter."""
+PREFIX = "base_model.model."
+"""What PEFT's wrapper puts before the wrapped model's parameter names."""
+BASE = ".base_layer"
+"""What PEFT puts between an adapted layer and its original parameters."""
+IDENTITY = "actor.lora"
+"""The checkpoint identity's entry of the adapters' settings (`launch.checkpoint_identity`): a run resumes only the
+adapters it trains, and `rlplace-export` rebuilds them from it."""
+
+
+def adapt(model: nn.Module, settings: LoRAConfig) -> nn.Module:
+    """`model` with LoRA adapters as `settings` say (only they train), or `model` itself when they are off."""
+    if not settings.enabled:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        target_modules=peft_targets(settings.target_modules),
+        lora_dropout=0.0,
+        bias="none",
+    )
+    return get_peft_model(model, config)
+
+
+def check_targets(model_path: str | Path, settings: LoRAConfig) -> None:
+    """Refuse (ConfigError, one line) a target that names no linear layer of the model in `model_path` (by its
+    name, `q_proj`, or its path, `model.layers.0.self_attn.q_proj`, as PEFT matches them), read from its config
+    on the meta device (no weights)."""
+    if not settings.enabled or settings.target_modules == [ALL_LINEAR]:
+        return
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    linear = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    for target in settings.target_modules:
+        if not any(name == target or name.endswith(f".{target}") for name in linear):
+            names = sorted({name.rsplit(".", 1)[-1] for name in linear})
+            raise ConfigError(
+                f"actor.lora.target_modules = {settings.target_modules} is invalid: {target!r} is no linear layer "
+                f"of the model in {model_path} (valid: [{ALL_LINEAR}] or names among {', '.join(names)})"
+            )
+
+
+def peft_targets(target_modules: list[str]) -> str | list[str]:
+    """`actor.lora.target_modules` as PEFT takes it."""
+    return ALL_LINEAR if target_modules == [ALL_LINEAR] else list(target_modules)
+
+
+def is_adapted(model: nn.Module) -> bool:
+    return any(name.startswith(PREFIX) for name, _ in model.named_parameters())
+
+
+def scaling(model: nn.Module) -> float:
+    """The factor s of W + s · B A, as PEFT's layers hold it (alpha / rank)."""
+    from peft.tuners.lora import LoraLayer
+
+    return next(float(m.scaling[ADAPTER]) for m in model.modules() if isinstance(m, LoraLayer))
+
+
+def base_name(name: str) -> str:
+    """The wrapped model's own name of a parameter of the PEFT model."""
+    return name.removeprefix(PREFIX).replace(f"{BASE}.", ".")
+
+
+def layer_of(name: str) -> str:
+    """The adapted layer an entry of the PEFT model's state dict belongs to (its base weight, bias and both
+    adapters), or the entry itself: what must travel in one bucket to be merged."""
+    for marker in (f"{BASE}.", f".lora_A.{ADAPTER}.", f".lora_B.{ADAPTER}."):
+        if marker in name:
+            return name.split(marker)[0]
+    return name
+
+
+def merge(tensors: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """Whole tensors of the PEFT model's state dict (every entry of each adapted layer among them) as the wrapped
+    model's state dict: each adapted weight W + (B @ A) · s under its own name, the adapters dropped."""
+    merged = {}
+    for name, tensor in tensors.items():
+        if f".lora_A.{ADAPTER}." in name or f".lora_B.{ADAPTER}." in name:
+            continue
+        if name.endswith(f"{BASE}.weight"):
+            layer = name.removesuffix(f"{BASE}.weight")
+            a, b = tensors[f"{layer}.lora_A.{ADAPTER}.weight"], tensors[f"{layer}.lora_B.{ADAPTER}.weight"]
+            tensor = tensor + (b @ a) * scale
+        merged[base_name(name)] = tensor
+    return merged
+
+
+def export(model: nn.Module) -> Export | None:
+    """How the weights of `model` leave the actor: merged (`merge`) when it is adapted; None for a plain model."""
+    if not is_adapted(model):
+        return None
+    scale = scaling(model)
+    return Export(unit=layer_of, convert=lambda tensors: merge(tensors, scale))

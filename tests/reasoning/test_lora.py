@@ -1,0 +1,86 @@
+"""LoRA on the reasoning actor (`rlplace.reasoning.lora`): what leaves the actor is the merged model PEFT itself
+would make, bucket by bucket; targets are checked against the model; the memory model counts the adapters PEFT
+adds. Training with adapters (under ddp and fsdp, resumed across them) is in test_sharded.py, end to end in
+test_runner.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlplace.core.errors import ConfigError
+from rlplace.core.weights import buckets
+from rlplace.planner.memory import TransformerShape
+from rlplace.reasoning import lora
+from rlplace.reasoning.config import LoRAConfig
+from rlplace.reasoning.models.tiny_lm import build_tiny_lm, load_causal_lm
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))
+
+
+def trained_adapters(folder: Path, settings: LoRAConfig) -> torch.nn.Module:
+    """The model with adapters whose B is not zero, as after some training."""
+    torch.manual_seed(0)
+    policy = lora.adapt(load_causal_lm(folder), settings)
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if ".lora_B." in name:
+                parameter.normal_(std=0.05)
+    return policy
+
+
+@pytest.mark.parametrize("targets", [["all-linear"], ["q_proj", "v_proj"]])
+def test_merged_weights_are_what_peft_merges(folder: Path, targets: list[str]) -> None:
+    policy = trained_adapters(folder, LoRAConfig(rank=4, alpha=8, target_modules=targets))
+    assert lora.scaling(policy) == 2.0
+    merged = lora.export(policy).convert(policy.state_dict())
+    expected = copy.deepcopy(policy).merge_and_unload().state_dict()
+    assert merged.keys() == expected.keys() == load_causal_lm(folder).state_dict().keys()
+    for name, tensor in expected.items():
+        assert torch.equal(merged[name], tensor), name
+    assert not torch.equal(
+        merged["model.layers.0.self_attn.q_proj.weight"],
+        policy.state_dict()["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"],
+    )
+
+
+def test_small_buckets_keep_each_adapted_layer_whole(folder: Path) -> None:
+    # Weight sync converts bucket by bucket: a layer's weight and both its adapters must travel together, however
+    # small the buckets.
+    policy = trained_adapters(folder, LoRAConfig(rank=4))
+    export = lora.export(policy)
+    parts = buckets(policy.state_dict(), bucket_mb=0.001, unit=export.unit)
+    assert len(parts) > 30
+    sent = {name: tensor for part in parts for name, tensor in export.convert(part).items()}
+    whole = export.convert(policy.state_dict())
+    assert list(sent) == list(whole) and all(torch.equal(sent[name], whole[name]) for name in whole)
+    assert lora.export(load_causal_lm(folder)) is None  # a plain policy is sent as it is
+
+
+def test_targets_naming_no_linear_layer_are_refused(folder: Path) -> None:
+    lora.check_targets(folder, LoRAConfig(rank=4, target_modules=["q_proj", "model.layers.0.mlp.down_proj"]))
+    lora.check_targets(folder, LoRAConfig(rank=4))
+    message = r"actor.lora.target_modules = \['q_proj', 'qkv'\] is invalid: 'qkv' is no linear layer of the model in"
+    with pytest.raises(ConfigError, match=message) as refused:
+        lora.check_targets(folder, LoRAConfig(rank=4, target_modules=["q_proj", "qkv"]))
+    assert "valid: [all-linear] or names among down_proj, gate_proj, k_proj, lm_head, o_proj" in str(refused.value)
+    with pytest.raises(ConfigError, match="actor.lora.rank = -1 is invalid"):
+        LoRAConfig(rank=-1)
+
+
+@pytest.mark.parametrize("targets", [["all-linear"], ["q_proj", "v_proj"]])
+def test_the_memory_model_counts_the_adapters_peft_adds(folder: Path, targets: list[str]) -> None:
+    shape = TransformerShape.from_config(json.loads((folder / "config.json").read_text()))
+    policy = lora.adapt(load_causal_lm(folder), LoRAConfig(rank=8, target_modules=targets))
+    trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    assert shape.lora_parameters(8, targets) == trained
+    assert shape.parameters() + trained == sum(p.numel() for p in policy.parameters())
+    # Frozen weights take 4 bytes a parameter, the adapters 12 with their AdamW moments.
+    assert shape.state_bytes(1, adapters=trained) == 4 * shape.parameters() + 12 * trained < shape.state_bytes(1)
