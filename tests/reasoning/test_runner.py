@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from peft import PeftModel
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from rlplace.cli import EXIT_BAD_CONFIG, compose_run
@@ -294,7 +295,7 @@ def test_the_last_checkpoint_exports_as_the_final_model(variant: str, runs: Runs
 def test_lora_trains_its_adapters_and_hands_out_the_merged_policy(runs: Runs, model_path: Path, tmp_path: Path) -> None:
     # The disaggregated run's 2 actor ranks train LoRA adapters: the checkpoint holds the base weights as loaded and
     # AdamW state for the adapters alone; the final model is an ordinary model folder whose adapted projections
-    # moved (the engines ran on it: the version check above; the export test: the same merge from the checkpoint).
+    # moved (the engines ran on it: the version check below; the export test: the same merge from the checkpoint).
     run = runs["disaggregated"]
     models = trained_state(run / "checkpoints" / "step_000002", tmp_path / "state.pt")
     start = load_causal_lm(model_path).state_dict()
@@ -305,6 +306,9 @@ def test_lora_trains_its_adapters_and_hands_out_the_merged_policy(runs: Runs, mo
             assert torch.equal(tensor, start[lora.base_name(name)]), name
     final = load_causal_lm(run / "final_model").state_dict()
     moved = {name for name in start if not torch.equal(final[name], start[name])}
+    # The adapters alone beside it, in PEFT's format: on the base model, merged, they are the final model.
+    adapted = PeftModel.from_pretrained(load_causal_lm(model_path), run / "final_model" / lora.ADAPTER_FOLDER)
+    assert same(adapted.merge_and_unload().state_dict(), final)
     assert final.keys() == start.keys() and moved
     assert {name.rsplit(".", 2)[-2] for name in moved} <= {
         "q_proj",

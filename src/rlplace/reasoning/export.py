@@ -5,8 +5,8 @@ A checkpoint holds the policy in `torch.distributed.checkpoint` form, one part p
 model folder's files but its weights (`model/`: config, generation config, tokenizer, chat template). The policy is
 built from that config without initialising its weights, read from every rank's part in this one process (DCP
 reshards on load, whatever strategy and rank count wrote it) and written with the files beside it: the weights of
-step k as the run's `final_model/` would have held them had it stopped there (a LoRA policy's adapters merged, as
-there). TARGET is written atomically and must not exist yet.
+step k as the run's `final_model/` would have held them had it stopped there (a LoRA policy's adapters merged, and
+alone in `adapter/`, as there). TARGET is written atomically and must not exist yet.
 """
 
 from __future__ import annotations
@@ -62,12 +62,10 @@ def export_checkpoint(folder: Path, target: Path) -> Path:
     with single_process_quiet():
         dcp.load(state, checkpoint_id=folder / MODELS_DIR)
     set_model_state_dict(policy, state[POLICY])
-    export = lora.export(policy)  # a plain policy saves its own weights
-    weights = None if export is None else export.convert(policy.state_dict())
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(files, tmp)
-    model.save_pretrained(tmp, state_dict=weights)
+    lora.save_model(model, policy, policy.state_dict(), tmp)
     tmp.rename(target)
     return target
 

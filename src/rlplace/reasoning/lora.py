@@ -2,12 +2,13 @@
 
 The actor wraps its policy with PEFT's LoRA (`adapt`), so gradients and AdamW state exist for the adapters alone:
 a rank's training state shrinks from 16 bytes a parameter (weight, gradient, two moments) to the 4 of its frozen
-weight, plus the adapters' few percent. Everything the
-actor hands out is an ordinary model's weights, each adapted matrix merged as W + s · B A (`merge`, the arithmetic of
-PEFT's own merge): weight sync (the rollout engine and the inference group's policy copy never see an adapter), the
-final model and `rlplace-export`. The merge is computed out of place, bucket by bucket, so the frozen W stays exactly
-what was loaded; merging into W and out again would move it by rounding at every sync. B starts at zero, so the
-first policy is the base model, and the reference model stays the base, as the inference group loads it.
+weight, plus the adapters' few percent. Everything the actor hands out is an ordinary model's weights, each adapted
+matrix merged as W + s · B A (`merge`, the arithmetic of PEFT's own merge): weight sync (the rollout engine and the
+inference group's policy copy never see an adapter), the final model and `rlplace-export`, which also keep the
+adapters alone in PEFT's format (`save_model`). The merge is computed out of place, bucket by bucket, so the frozen W
+stays exactly what was loaded; merging into W and out again would move it by rounding at every sync. B starts at
+zero, so the first policy is the base model, and the reference model stays the base, as the inference group loads
+it.
 
 Adapters are initialised from torch's generator, which the actor seeds with runner.seed before it loads the model:
 the same on every rank and in every placement. There is no adapter dropout, which would draw noise per rank.
@@ -32,6 +33,8 @@ PREFIX = "base_model.model."
 """What PEFT's wrapper puts before the wrapped model's parameter names."""
 BASE = ".base_layer"
 """What PEFT puts between an adapted layer and its original parameters."""
+ADAPTER_FOLDER = "adapter"
+"""Where a model folder written from an adapted policy keeps the adapters alone, in PEFT's format."""
 IDENTITY = "actor.lora"
 """The checkpoint identity's entry of the adapters' settings (`launch.checkpoint_identity`): a run resumes only the
 adapters it trains, and `rlplace-export` rebuilds them from it."""
@@ -124,3 +127,15 @@ def export(model: nn.Module) -> Export | None:
         return None
     scale = scaling(model)
     return Export(unit=layer_of, convert=lambda tensors: merge(tensors, scale))
+
+
+def save_model(model: nn.Module, policy: nn.Module, state: dict[str, torch.Tensor], folder: Path) -> None:
+    """Write `policy`'s whole `state` (its state dict's tensors) as the Hugging Face folder of `model`, the model it
+    trains: merged when the policy is adapted, with the adapters alone beside it in `folder/adapter` (PEFT's
+    format: `PeftModel.from_pretrained(base, folder/adapter)`, to serve or share them without the weights)."""
+    merged = export(policy)
+    if merged is None:
+        model.save_pretrained(folder, state_dict=state)
+        return
+    model.save_pretrained(folder, state_dict=merged.convert(state))
+    policy.save_pretrained(folder / ADAPTER_FOLDER, state_dict=state)

@@ -282,16 +282,15 @@ class LLMActorWorker(Worker):
 
     def save_model(self, folder: str) -> None:
         """Rank 0 writes the policy and tokenizer as a Hugging Face folder, atomically (temporary folder, rename),
-        its weights gathered from every rank's shards on the CPU (and LoRA adapters merged into them)."""
+        its weights gathered from every rank's shards on the CPU (LoRA adapters merged into them, and kept alone
+        beside them: `lora.save_model`)."""
         state = self.strategy.full_state_dict(self.policy)
         if self.rank != 0:
             return
-        if self.export is not None:
-            state = self.export.convert(state)
         final = Path(folder)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp, state_dict=state)
+        lora.save_model(self.model, self.policy, state, tmp)
         load_tokenizer(self.model_path).save_pretrained(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
