@@ -8,7 +8,8 @@ mode that sees every tensor allocation and files it as parameter, gradient, opti
 each rank's categories at its peak; the table shows rank 0's (ranks hold equal shards). Parameters count the gathered
 units held in full during a pass (FSDP2's unsharded parameters: one decoder layer or embedding matrix) beside the
 shards. The ideal is the 1-rank figure / N. Next to the measurement, the planner's prediction of the same rank's
-state and peak (`rlplace.planner.memory`, as `rlplace-plan` predicts the reasoning actor's).
+state and peak (`rlplace.planner.memory`, as `rlplace-plan` predicts the reasoning actor's). Two more rows train LoRA
+adapters (`actor.lora`) on 1 replica and on 2 sharded ranks; the LoRA table times an update of each kind.
 
 The inference table: two frozen copies of the same model under the same strategies (`Strategy.wrap(trained=False)`,
 as the inference group holds the policy and, with a KL term, the reference model) score one micro-batch of
@@ -35,9 +36,12 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlplace.core.config import WeightSyncConfig
 from rlplace.core.strategies.base import Strategy, build_strategy
+from rlplace.core.timing import median_seconds
 from rlplace.core.weights import buckets
-from rlplace.planner.memory import TransformerShape
+from rlplace.planner.memory import ALL_LINEAR, TransformerShape
+from rlplace.reasoning import lora
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
+from rlplace.reasoning.config import LoRAConfig
 from rlplace.reasoning.generation.hf import HFEngine
 from rlplace.reasoning.update import optimizer_step
 
@@ -51,6 +55,10 @@ CONFIG = Qwen2Config(
     tie_word_embeddings=False,
 )
 RUNS = (("ddp", 1), ("fsdp", 1), ("fsdp", 2), ("fsdp", 4))
+LORA_RANK = 16
+LORA_RUNS = (("ddp", 1), ("fsdp", 2))
+TIMED_UPDATES = 7
+"""The actor training LoRA adapters of rank LORA_RANK on every linear layer (`actor.lora`) instead of every weight."""
 STEPS = 2
 ROWS, SEQ_LEN = 2, 64
 SCORED_ROWS, SCORED_HALF = 16, 32
@@ -63,13 +71,14 @@ WORKING = ("ACT", "TEMP", "ALL_GATHER", "REDUCE_SCATTER")
 """What a pass holds beyond the training state: activations, temporaries, collective buffers."""
 
 
-def predicted(strategy: str, world_size: int) -> tuple[int, int, int]:
+def predicted(strategy: str, world_size: int, lora_rank: int = 0) -> tuple[int, int, int]:
     """The planner's (`rlplace.planner.memory`) training state, peak and state held between updates for one rank, as
     `rlplace.reasoning.memory` predicts the actor's."""
     shape = TransformerShape.from_config(CONFIG.to_dict())
     sharded = strategy == "fsdp"
-    state = shape.training_state_bytes(world_size, sharded, compute_bytes=4)
-    held = shape.state_bytes(world_size if sharded else 1)
+    adapters = shape.lora_parameters(lora_rank, [ALL_LINEAR]) if lora_rank else None
+    state = shape.training_state_bytes(world_size, sharded, compute_bytes=4, adapters=adapters)
+    held = shape.state_bytes(world_size if sharded else 1, adapters=adapters)
     return state, state + shape.activation_bytes(ROWS, SEQ_LEN, checkpointing=False), held
 
 
@@ -81,13 +90,13 @@ def predicted_scoring(strategy: str, world_size: int) -> int:
     return 2 * shape.frozen_bytes(world_size, sharded) + gathered + shape.scoring_bytes(SCORED_ROWS, 2 * SCORED_HALF)
 
 
-def rank_peak(rank: int, role: str, strategy: str, world_size: int, init: str, out: Path) -> None:
-    """Two AdamW steps (`role` actor) or two models' scoring of a micro-batch (inference) of one rank under
-    `strategy`; writes its peak's categories (bytes) to `out`."""
+def rank_peak(rank: int, role: str, strategy: str, world_size: int, lora_rank: int, init: str, out: Path) -> None:
+    """Two AdamW steps (`role` actor, training LoRA adapters of `lora_rank` if not 0) or two models' scoring of a
+    micro-batch (inference) of one rank under `strategy`; writes its peak's categories (bytes) to `out`."""
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world_size)
     torch.manual_seed(0)
     trainer = build_strategy(strategy, world_size, torch.device("cpu"))
-    peak = (train_peak if role == "actor" else scoring_peak)(rank, trainer)
+    peak = train_peak(rank, trainer, lora_rank) if role == "actor" else scoring_peak(rank, trainer)
     torch.save({str(kind).rsplit(".", 1)[-1]: int(size) for kind, size in peak.items()}, out / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -111,20 +120,35 @@ def scoring_peak(rank: int, holder: Strategy) -> dict:
     return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
 
 
-def train_peak(rank: int, trainer: Strategy) -> dict:
+class _NoHook:
+    """A hook handle with nothing to remove."""
+
+    def remove(self) -> None:
+        pass
+
+
+NO_HOOK = _NoHook()
+
+
+def train_peak(rank: int, trainer: Strategy, lora_rank: int) -> dict:
     """The peak's categories, and under `HELD` the bytes still held after the last update (what stays on the device
     through weight sync and generation)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    model = trainer.wrap(Qwen2ForCausalLM(CONFIG).train())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model = trainer.wrap(lora.adapt(Qwen2ForCausalLM(CONFIG).train(), LoRAConfig(rank=lora_rank)))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     ids = torch.randint(0, CONFIG.vocab_size, (ROWS, SEQ_LEN), generator=torch.Generator().manual_seed(rank))
     if trainer.collective_passes:  # fsdp: its tracker tells shards from gathered units
         tracker = FSDPMemTracker(model, optimizer)
     else:
         tracker = MemTracker()
         tracker.track_external(model, optimizer)
+    # The tracker hooks each parameter's gradient as a pass first meets it, which a frozen one (LoRA's base weights)
+    # refuses: those are marked hooked already (with handles that remove nothing).
+    for parameter in model.parameters():
+        if not parameter.requires_grad:
+            tracker._param_to_grad_hook_handles[parameter] = (NO_HOOK, NO_HOOK)
     with tracker:
         for _ in range(STEPS):  # the optimizer state exists from the first step on: the second is the steady one
             model(input_ids=ids, labels=ids).loss.backward()
@@ -135,10 +159,11 @@ def train_peak(rank: int, trainer: Strategy) -> dict:
     return {**tracker.get_tracker_snapshot("peak")[cpu], HELD: tracker.get_tracker_snapshot()[cpu]["Total"]}
 
 
-def measure(role: str, strategy: str, world_size: int) -> dict[str, int]:
+def measure(role: str, strategy: str, world_size: int, lora_rank: int = 0) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch)
-        mp.spawn(rank_peak, args=(role, strategy, world_size, str(out / "init"), out), nprocs=world_size)
+        args = (role, strategy, world_size, lora_rank, str(out / "init"), out)
+        mp.spawn(rank_peak, args=args, nprocs=world_size)
         return torch.load(out / "rank0.pt")
 
 
@@ -206,20 +231,53 @@ def sync_table() -> list[str]:
     ]
 
 
+def update_seconds(lora_rank: int) -> float:
+    """Median seconds of one update (forward and backward pass over ROWS x SEQ_LEN tokens, then an AdamW step) of
+    one replica, training every weight or LoRA adapters of `lora_rank`."""
+    torch.manual_seed(0)
+    trainer = build_strategy("ddp", 1, torch.device("cpu"))
+    model = lora.adapt(Qwen2ForCausalLM(CONFIG).train(), LoRAConfig(rank=lora_rank))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    ids = torch.randint(0, CONFIG.vocab_size, (ROWS, SEQ_LEN), generator=torch.Generator().manual_seed(0))
+
+    def update() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer_step(model, optimizer, 1.0, trainer)
+
+    return median_seconds(update, repeats=TIMED_UPDATES)
+
+
+def lora_table() -> list[str]:
+    full, adapted = update_seconds(0), update_seconds(LORA_RANK)
+    print(f"update: all {full:.3f} s, LoRA {adapted:.3f} s", file=sys.stderr)
+    return [
+        f"One replica's update (a pass over {ROWS} x {SEQ_LEN} tokens and an AdamW step), median of "
+        f"{TIMED_UPDATES}, seconds.",
+        "",
+        "| trains | update | of all |",
+        "| --- | ---: | ---: |",
+        f"| all | {full:.3f} | 100% |",
+        f"| LoRA {LORA_RANK} | {adapted:.3f} | {adapted / full:.0%} |",
+    ]
+
+
 def main() -> None:
     parameters = sum(p.numel() for p in Qwen2ForCausalLM(CONFIG).parameters())
     rows = []
     baseline = None
-    for strategy, world_size in RUNS:
-        peak = measure("actor", strategy, world_size)
+    runs = [(strategy, world_size, 0) for strategy, world_size in RUNS]
+    for strategy, world_size, lora_rank in runs + [(*run, LORA_RANK) for run in LORA_RUNS]:
+        peak = measure("actor", strategy, world_size, lora_rank)
         params = sum(peak.get(k, 0) for k in PARAMS)
         grads = sum(peak.get(k, 0) for k in GRADS)
         total = params + grads + peak["OPT"]
         working = sum(peak.get(k, 0) for k in WORKING)
         baseline = baseline or total
-        state, whole, held = predicted(strategy, world_size)
+        state, whole, held = predicted(strategy, world_size, lora_rank)
+        trains = f"LoRA {lora_rank}" if lora_rank else "all"
         rows.append(
-            f"| {strategy} | {world_size} | {params / MIB:.0f} | {grads / MIB:.0f} | {peak['OPT'] / MIB:.0f} | "
+            f"| {strategy} | {world_size} | {trains} | {params / MIB:.0f} | {grads / MIB:.0f} | "
+            f"{peak['OPT'] / MIB:.0f} | "
             f"{total / MIB:.0f} | {baseline / world_size / MIB:.0f} | {total / baseline:.0%} | {state / MIB:.0f} | "
             f"{working / MIB:.0f} | {(total + working) / MIB:.0f} | {whole / MIB:.0f} | "
             f"{whole / (total + working) - 1:+.0%} | {peak[HELD] / MIB:.0f} | {held / MIB:.0f} |"
@@ -228,18 +286,22 @@ def main() -> None:
     table = "\n".join(
         [
             f"Qwen2-shaped, {parameters / 1e6:.1f} M parameters, float32, AdamW, passes of {ROWS} x {SEQ_LEN} "
-            "tokens; rank 0's peak, MiB. Training state = parameters + gradients + optimizer; working = activations, "
-            "temporaries and collective buffers; predicted = `rlplace.planner.memory`; held = what the rank still "
-            "holds after an update, through weight sync and generation.",
+            "tokens; rank 0's peak, MiB. Trains: every weight, or LoRA adapters of that rank on every linear layer "
+            "(`actor.lora`; the frozen weights are parameters). Training state = parameters + gradients + optimizer; "
+            "working = activations, temporaries and collective buffers; predicted = `rlplace.planner.memory`; held = "
+            "what the rank still holds after an update, through weight sync and generation.",
             "",
-            "| strategy | ranks | parameters | gradients | optimizer | state | ideal (1/N) | of 1 rank "
+            "| strategy | ranks | trains | parameters | gradients | optimizer | state | ideal (1/N) | of 1 rank "
             "| predicted state | working | peak | predicted peak | error | held | predicted held |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+            "| ---: |",
             *rows,
             "",
             *inference_table(),
             "",
             *sync_table(),
+            "",
+            *lora_table(),
         ]
     )
     print(table)
