@@ -17,8 +17,10 @@ Sections (`--sections` picks some; each one's failure becomes a row, the others 
 - `reasoning`: GRPO on arithmetic with a 0.25B char-level LM, collocated on the GPU, offload timed.
 - `llm_step`: GRPO on arithmetic with a Qwen2.5-1.5B-shaped model (random init, bf16 folder, a BPE tokenizer trained
   here), collocated on the GPU with the hf rollout; the actor sharded (`actor.strategy=fsdp`, one rank), bf16 compute,
-  activation checkpointing: seconds per step and per phase, tokens/s; and (rows `memory`) the planner's predicted
-  peak device memory per phase (`rlplace-plan`, `rlplace.reasoning.memory`) next to the measured one.
+  activation checkpointing: seconds per step and per phase, tokens/s; and (rows `llm_step memory`) the planner's
+  predicted peak device memory per phase (`rlplace-plan`, `rlplace.reasoning.memory`) next to the measured one.
+- `llm_lora`: the same step training LoRA adapters (`actor.lora.rank=64`) instead of every weight; the same rows.
+  PEFT must be importable (`../shared/device/bundle.sh peft accelerate psutil` on a machine without a registry).
 """
 
 from __future__ import annotations
@@ -502,41 +504,61 @@ def qwen_1_5b_folder(s: Settings) -> Path:
     return folder
 
 
+LLM_LORA = ["actor.lora.rank=64", "actor.lora.alpha=128"]
+"""`llm_lora`: the same step training LoRA adapters on every linear layer (PEFT must be importable)."""
+
+
 def section_llm_step(s: Settings) -> list[Row]:
+    return llm_step(s, "llm_step", [], "GRPO step, collocated, fsdp bf16 + recompute")
+
+
+def section_llm_lora(s: Settings) -> list[Row]:
+    return llm_step(s, "llm_lora", LLM_LORA, "the same step, LoRA rank 64 on every linear layer")
+
+
+def llm_step(s: Settings, name: str, extra: list[str], label: str) -> list[Row]:
+    """The Qwen2.5-1.5B-shaped GRPO step (with `extra` overrides): its seconds per step and per phase, tokens/s, and
+    the predicted peak memory of device 0 per phase next to the measured one."""
     from rlplace.planner.memory import TransformerShape
 
     folder = qwen_1_5b_folder(s)
-    overrides = [*LLM_STEP, "model=hf", f"model.path={folder}"]
+    overrides = [*LLM_STEP, "model=hf", f"model.path={folder}", *extra]
     overrides += ["cluster=local", "runner.max_steps=3", "rollout.micro_batch_prompts=4"] if s.smoke else []
     overrides += [] if s.smoke else ["cluster=single_gpu", "runner.max_steps=5"]
     overrides += ["runner.save_interval=null"]
     memory = plan(overrides)["memory"]
-    summary = train(s, "llm_step", overrides, timeout=900)
+    summary = train(s, name, overrides, timeout=900)
     keys = ["generate_rollouts", "inference", "training", "offload", "onload", "sync_weights"]
     phases = ", ".join(f"{k} {summary[f'time/{k}']:.3f}" for k in keys if f"time/{k}" in summary)
     predicted = ", ".join(f"{phase} {gb:.1f}" for phase, gb in memory["devices_gb"]["0"].items())
     params = TransformerShape.from_config(json.loads((folder / "config.json").read_text())).parameters()
     return [
-        *memory_rows(s, memory["devices_gb"]["0"]),
-        Row("llm_step", "GRPO step, collocated, fsdp bf16 + recompute", summary["time/step"], "s/step", phases),
-        Row("llm_step", "tokens/s", summary.get("throughput/tokens_per_s", float("nan")), "tokens/s"),
-        Row("llm_step", "predicted peak memory, device 0", max(memory["devices_gb"]["0"].values()), "GB", predicted),
-        Row("llm_step", "parameters", params / 1e9, "B", "smoke shape" if s.smoke else "Qwen2.5-1.5B shape"),
+        *memory_rows(s, name, memory["devices_gb"]["0"]),
+        Row(name, label, summary["time/step"], "s/step", phases),
+        Row(name, "tokens/s", summary.get("throughput/tokens_per_s", float("nan")), "tokens/s"),
+        Row(name, "predicted peak memory, device 0", max(memory["devices_gb"]["0"].values()), "GB", predicted),
+        Row(name, "parameters", params / 1e9, "B", "smoke shape" if s.smoke else "Qwen2.5-1.5B shape"),
     ]
 
 
-def memory_rows(s: Settings, predicted: dict[str, float]) -> list[Row]:
-    """Per phase, the predicted peak of device 0 next to the measured one: the largest over the run's steps of the
-    sum of its processes' `torch.cuda.max_memory_allocated` (`Timeline.memory`)."""
-    steps = [json.loads(line) for line in (s.tmp / "runs" / "llm_step" / "metrics.jsonl").read_text().splitlines()]
+def memory_rows(s: Settings, name: str, predicted: dict[str, float]) -> list[Row]:
+    """Per phase, the predicted peak of device 0 next to the measured one in run `name`: the largest over its steps
+    of the sum of its processes' `torch.cuda.max_memory_allocated` (`Timeline.memory`)."""
+    steps = [json.loads(line) for line in (s.tmp / "runs" / name / "metrics.jsonl").read_text().splitlines()]
     rows = []
     for phase, gb in predicted.items():
         found = [step[f"memory/device_0/{phase}_gb"] for step in steps if f"memory/device_0/{phase}_gb" in step]
         if not found:
-            rows.append(Row("memory", phase, "not measured", note=f"predicted {gb:.2f} GB (no CUDA workers)"))
+            rows.append(Row(f"{name} memory", phase, "not measured", note=f"predicted {gb:.2f} GB (no CUDA workers)"))
             continue
         rows.append(
-            Row("memory", phase, gb / max(found) - 1, "error", f"predicted {gb:.2f} GB, measured {max(found):.2f}")
+            Row(
+                f"{name} memory",
+                phase,
+                gb / max(found) - 1,
+                "error",
+                f"predicted {gb:.2f} GB, measured {max(found):.2f}",
+            )
         )
     return rows
 
@@ -544,7 +566,7 @@ def memory_rows(s: Settings, predicted: dict[str, float]) -> list[Row]:
 # --- main -----------------------------------------------------------------------------------------------------
 
 
-SECTIONS = ("tests", "planner", "llm_step", "copy", "offload", "weight_sync", "generation", "reasoning")
+SECTIONS = ("tests", "planner", "llm_step", "llm_lora", "copy", "offload", "weight_sync", "generation", "reasoning")
 
 
 def print_table(rows: list[Row]) -> str:

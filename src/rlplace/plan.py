@@ -64,7 +64,9 @@ def render_predictions(found: dict[str, Any], console: Console) -> None:
         ranked = Table(title="fastest placements (predicted)")
         components = list(found["search"][0]["component_placement"]) if found["search"] else []
         staged = bool(found["search"]) and "stages" in found["search"][0]
-        columns = ["#", "mode", *components, *(["stages"] if staged else []), "staleness", "step s", unit]
+        split = bool(found["search"]) and "tensor_parallel_size" in found["search"][0]
+        columns = ["#", "mode", *components, *(["stages"] if staged else []), *(["rollout split"] if split else [])]
+        columns += ["staleness", "step s", unit]
         for column in columns:
             ranked.add_column(column.replace("_", " "))
         for i, r in enumerate(found["search"], 1):
@@ -74,6 +76,7 @@ def render_predictions(found: dict[str, Any], console: Console) -> None:
                 r["mode"],
                 *(str(r["component_placement"][name]) for name in components),
                 *([str(r["stages"])] if staged else []),
+                *([str(r["tensor_parallel_size"])] if split else []),
                 str(r["max_staleness"]),
                 f"{p['step_s']:.3f}",
                 f"{p['throughput'][unit]:,.0f}",

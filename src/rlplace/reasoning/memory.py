@@ -195,13 +195,7 @@ def _fitting_changes(
     off = [name for name in OFFLOAD_SWITCHES if not getattr(cfg, name).enable_offload]
     switch_sets = [names for count in range(len(off) + 1) for names in itertools.combinations(off, count)]
     rollout = cfg.rollout
-    splits = [rollout.tensor_parallel_size]
-    config = model_config(cfg)
-    if BACKENDS[rollout.backend].tensor_parallel and config is not None:
-        heads = TransformerShape.from_config(config).num_heads
-        ranks = placement.get_world_size("rollout")
-        splits += [t for t in range(rollout.tensor_parallel_size + 1, ranks + 1) if not ranks % t and not heads % t]
-    for split in splits:
+    for split in engine_splits(cfg, placement.get_world_size("rollout")):
         split_cfg = replace(cfg, rollout=replace(rollout, tensor_parallel_size=split))
         for names in switch_sets:
             if not names and split == rollout.tensor_parallel_size:
@@ -213,6 +207,19 @@ def _fitting_changes(
                     changes.insert(0, f"rollout.tensor_parallel_size={split}")
                 return " ".join(changes), plan.peak / GB
     return None
+
+
+def engine_splits(cfg: ReasoningConfig, ranks: int) -> list[int]:
+    """The rollout engine splits a run could take on `ranks` rollout ranks, smallest first: its own
+    (`rollout.tensor_parallel_size`), then, with a backend that splits its engine and the model's shape known, each
+    larger divisor of the ranks and of the model's attention heads."""
+    rollout = cfg.rollout
+    splits = [rollout.tensor_parallel_size]
+    config = model_config(cfg)
+    if BACKENDS[rollout.backend].tensor_parallel and config is not None:
+        heads = TransformerShape.from_config(config).num_heads
+        splits += [t for t in range(rollout.tensor_parallel_size + 1, ranks + 1) if not ranks % t and not heads % t]
+    return splits
 
 
 def _sharded(cfg: ReasoningConfig, ranks: int) -> bool:

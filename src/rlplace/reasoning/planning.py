@@ -44,6 +44,7 @@ from rlplace.planner.profile import load_model as planner_load_model
 from rlplace.planner.switches import SwitchCosts
 from rlplace.reasoning.checks import check_placement
 from rlplace.reasoning.config import COMPONENTS, FAMILY, OFFLOAD_SWITCHES, ReasoningConfig
+from rlplace.reasoning.memory import engine_splits
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.profile import TRAINING_SPANS, UNIT_SPANS, shape
 from rlplace.reasoning.tasks import make_prompt_source
@@ -324,21 +325,25 @@ class Ranked:
     offload: dict[str, bool]
     max_staleness: int
     prediction: Prediction
+    tensor_parallel_size: int = 1
+    """The rollout engine's split (`rollout.tensor_parallel_size`)."""
 
     @property
     def overrides(self) -> str:
         """The command line that runs it: each component's devices set one by one over the disaggregated preset,
-        whose keys name one component each, and each offload switch."""
+        whose keys name one component each, each offload switch, and the rollout engine's split when it has one."""
         where = " ".join(
             f"cluster.component_placement.{name}={value}" for name, value in self.component_placement.items()
         )
         offload = " ".join(f"{name}.enable_offload={str(on).lower()}" for name, on in self.offload.items())
-        return f"placement=reasoning_disaggregated {where} {offload} runner.max_staleness={self.max_staleness}"
+        split = f" rollout.tensor_parallel_size={self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
+        return f"placement=reasoning_disaggregated {where} {offload}{split} runner.max_staleness={self.max_staleness}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
             "component_placement": self.component_placement,
+            "tensor_parallel_size": self.tensor_parallel_size,
             "max_staleness": self.max_staleness,
             "prediction": self.prediction.to_dict(),
             "overrides": self.overrides,
@@ -374,7 +379,9 @@ def search(cfg: ReasoningConfig, model: StepModel) -> list[Ranked]:
 
     Candidates whose placement the run's checks refuse (`check_placement`: micro-batches that do not divide over the
     actor's ranks, device memory over `cluster.device_memory_gb`) or that would put more processes on a cpu node's
-    cores than `cluster.max_oversubscription` allows are left out."""
+    cores than `cluster.max_oversubscription` allows are left out. Where the devices' memory is known, a candidate
+    whose rollout engine does not fit at the run's split takes the smallest larger one that fits
+    (`memory.engine_splits`): a split engine is for memory, and no profile says what its ranks' all-reduces cost."""
     nodes, per_node = cfg.cluster.num_nodes, cfg.cluster.num_devices_per_node
     cores = cluster_cores(model, cfg)
     machine = {c for found in cores.values() for c in found}
@@ -386,18 +393,24 @@ def search(cfg: ReasoningConfig, model: StepModel) -> list[Ranked]:
         if limit is not None and sum(placement.get_world_size(c) for c in COMPONENTS) > limit * nodes:
             continue
         layout = model.layout(placement, cores)
+        splits = [cfg.rollout.tensor_parallel_size]
+        if cfg.cluster.device_memory_gb is not None:
+            splits = engine_splits(cfg, placement.get_world_size("rollout"))
         for offload, staleness in itertools.product(offload_choices(cfg, where, placement), (0, 1)):
-            candidate = replace(
-                cfg.with_offload(offload),
-                cluster=replace(cfg.cluster, component_placement=dict(where)),
-                runner=replace(cfg.runner, max_staleness=staleness),
-            )
-            try:
-                check_placement(candidate, placement, source)
-            except (ConfigError, PlacementError):
-                continue
-            prediction = model.predict(shape(candidate), layout)
-            found.append(Ranked(placement.mode, dict(where), offload, staleness, prediction))
+            for split in splits:
+                candidate = replace(
+                    cfg.with_offload(offload),
+                    cluster=replace(cfg.cluster, component_placement=dict(where)),
+                    rollout=replace(cfg.rollout, tensor_parallel_size=split),
+                    runner=replace(cfg.runner, max_staleness=staleness),
+                )
+                try:
+                    check_placement(candidate, placement, source)
+                except (ConfigError, PlacementError):
+                    continue
+                prediction = model.predict(shape(candidate), layout)
+                found.append(Ranked(placement.mode, dict(where), offload, staleness, prediction, split))
+                break
     return sorted(found, key=lambda r: r.prediction.step_s)
 
 
@@ -407,10 +420,12 @@ def load_model(profile_dir: str | Path, task: str) -> StepModel:
 
 
 def place(cfg: ReasoningConfig, best: Ranked) -> ReasoningConfig:
-    """The run placed as candidate `best` (`placement=auto`, a re-plan), with its offload switches."""
+    """The run placed as candidate `best` (`placement=auto`, a re-plan), with its offload switches and engine
+    split."""
     return replace(
         cfg.with_offload(best.offload),
         cluster=replace(cfg.cluster, component_placement=dict(best.component_placement)),
+        rollout=replace(cfg.rollout, tensor_parallel_size=best.tensor_parallel_size),
     )
 
 
