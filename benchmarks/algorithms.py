@@ -18,7 +18,7 @@ import argparse
 import statistics
 import tempfile
 
-from results import write_section
+from results import publish
 from runs import train
 
 ALGORITHMS = ("grpo", "dr_grpo", "gspo", "rloo")
@@ -47,10 +47,8 @@ def main() -> None:
                 lines.append(f"| `{name}` | {seed} | {before:.3f} -> {after[name][-1]:.3f} |")
                 print(lines[-1], flush=True)
     lines += [f"| `{name}` | median | {statistics.median(values):.3f} |" for name, values in after.items()]
-    table = "\n".join(lines)
-    print(table)
     command = f"`experiment=arithmetic_grpo runner.max_steps={args.steps}`, seeds {', '.join(map(str, args.seeds))}"
-    write_section("algorithms.py", f"{command}.\n\n{table}")
+    publish("algorithms.py", f"{command}.", lines)
 
 
 if __name__ == "__main__":

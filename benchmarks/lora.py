@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from results import write_section
+from results import publish
 from runs import train
 
 ADAPTERS = ["actor.lora.rank=16", "actor.lora.alpha=32"]
@@ -53,10 +53,8 @@ def main() -> None:
                 f"{summary['time/step']:.3f} s | {summary['time/training']:.3f} s |"
             )
             print(lines[-1], flush=True)
-    table = "\n".join(lines)
-    print(table)
     command = f"`experiment=arithmetic_grpo runner.max_steps={args.steps} runner.seed={args.seed}`"
-    write_section("lora.py", f"{command}; the tiny LM's 1.2 M parameters.\n\n{table}")
+    publish("lora.py", f"{command}; the tiny LM's 1.2 M parameters.", lines)
 
 
 if __name__ == "__main__":

@@ -47,3 +47,10 @@ def write_section(name: str, table_markdown: str, machine: str | None = None) ->
         text = "".join(lines[:start]) + body + ("\n" + rest if rest else "")
     RESULTS.write_text(text)
     return RESULTS
+
+
+def publish(name: str, caption: str, lines: list[str]) -> None:
+    """Print a benchmark's table (its markdown `lines`) and refresh its section of RESULTS.md, `caption` above it."""
+    table = "\n".join(lines)
+    print(table)
+    write_section(name, f"{caption}\n\n{table}")
