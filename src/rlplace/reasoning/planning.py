@@ -397,11 +397,12 @@ def search(cfg: ReasoningConfig, model: StepModel) -> list[Ranked]:
         if cfg.cluster.device_memory_gb is not None:
             splits = engine_splits(cfg, placement.get_world_size("rollout"))
         for offload, staleness in itertools.product(offload_choices(cfg, where, placement), (0, 1)):
+            offloaded = cfg.with_offload(offload)
             for split in splits:
                 candidate = replace(
-                    cfg.with_offload(offload),
+                    offloaded,
                     cluster=replace(cfg.cluster, component_placement=dict(where)),
-                    rollout=replace(cfg.rollout, tensor_parallel_size=split),
+                    rollout=replace(offloaded.rollout, tensor_parallel_size=split),
                     runner=replace(cfg.runner, max_staleness=staleness),
                 )
                 try:
@@ -422,10 +423,11 @@ def load_model(profile_dir: str | Path, task: str) -> StepModel:
 def place(cfg: ReasoningConfig, best: Ranked) -> ReasoningConfig:
     """The run placed as candidate `best` (`placement=auto`, a re-plan), with its offload switches and engine
     split."""
+    placed = cfg.with_offload(best.offload)
     return replace(
-        cfg.with_offload(best.offload),
+        placed,
         cluster=replace(cfg.cluster, component_placement=dict(best.component_placement)),
-        rollout=replace(cfg.rollout, tensor_parallel_size=best.tensor_parallel_size),
+        rollout=replace(placed.rollout, tensor_parallel_size=best.tensor_parallel_size),
     )
 
 
