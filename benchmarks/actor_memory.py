@@ -137,7 +137,7 @@ def train_peak(rank: int, trainer: Strategy, lora_rank: int) -> dict:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     model = trainer.wrap(lora.adapt(Qwen2ForCausalLM(CONFIG).train(), LoRAConfig(rank=lora_rank)))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    optimizer = torch.optim.AdamW(lora.trained(model), lr=1e-4)
     ids = torch.randint(0, CONFIG.vocab_size, (ROWS, SEQ_LEN), generator=torch.Generator().manual_seed(rank))
     if trainer.collective_passes:  # fsdp: its tracker tells shards from gathered units
         tracker = FSDPMemTracker(model, optimizer)
@@ -237,7 +237,7 @@ def update_seconds(lora_rank: int) -> float:
     torch.manual_seed(0)
     trainer = build_strategy("ddp", 1, torch.device("cpu"))
     model = lora.adapt(Qwen2ForCausalLM(CONFIG).train(), LoRAConfig(rank=lora_rank))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    optimizer = torch.optim.AdamW(lora.trained(model), lr=1e-4)
     ids = torch.randint(0, CONFIG.vocab_size, (ROWS, SEQ_LEN), generator=torch.Generator().manual_seed(0))
 
     def update() -> None:

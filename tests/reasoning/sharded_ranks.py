@@ -120,12 +120,12 @@ def _run_job(rank: int, job: Job, folder: Path, out: Path) -> None:
     if job.recompute:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy = strategy.wrap(lora.adapt(policy, LoRAConfig(rank=job.lora)))
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=alg.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(lora.trained(policy), lr=alg.lr, weight_decay=0.0)
     trained = {"policy": (policy, optimizer)}
     critic = None
     if alg.has_critic:
-        critic = strategy.wrap(ValueModel.from_pretrained(folder).train())
-        trained["critic"] = (critic, torch.optim.AdamW(critic.parameters(), lr=alg.critic_lr, weight_decay=0.0))
+        critic = strategy.wrap(lora.adapt_critic(ValueModel.from_pretrained(folder).train(), LoRAConfig(rank=job.lora)))
+        trained["critic"] = (critic, torch.optim.AdamW(lora.trained(critic), lr=alg.critic_lr, weight_decay=0.0))
     if job.resume is not None:
         _wait_for(out / job.resume / ".done")
         load_training_state(out / job.resume, trained)

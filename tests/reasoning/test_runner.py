@@ -1,19 +1,19 @@
 """The reasoning loop end to end, from a tiny LM folder built here (not pretrained: these tests are about behaviour,
 not accuracy; the accuracy gain is measured by the experiment itself and recorded in benchmarks/RESULTS.md).
 
-Two runs cover the end-to-end tests, each trained in this process on the module's Ray when a test first reads it.
-The collocated run trains as `rlplace-train` does once it has resolved the config: every component on one device
-with PPO (critic and reference model included), one step off (runner.max_staleness=1) and a checkpoint after every
-step. Two more runs go from the same state to another placement, the actor alone on a device, training beside
-generation: one resumes the collocated run's step-2 checkpoint, which holds the micro-batches generated ahead, and
-one re-places itself after step 2 (`runner.replace_at`). Both must continue the collocated run exactly, which checks
-resume, re-placement and placement independence under asynchronous training at once. The synchronous disaggregated
-preset, with two data-parallel actor ranks and generating with vLLM where it is installed, runs through the command's
-entry point as users start it (`rlplace-train experiment=arithmetic_grpo_disagg ...`, `tests/train_here.py`), after
-the collocated runs: its 4 devices are the shape of the sweep of tests/reasoning/test_placements.py, which takes over
-its processes. Runs of this process take over the devices and worker processes of the run before
-(`scheduler/parking.py`). Config and placement refusals (and checkpoints a run cannot resume) are checked in-process
-through `resolve`, as both CLIs do, and one of them through the CLI.
+Two runs cover the end-to-end tests, each trained in this process on the module's Ray when a test first reads it. The
+collocated run trains as `rlplace-train` does once it has resolved the config: every component on one device with PPO
+(critic and reference model included, both models training LoRA adapters), one step off (runner.max_staleness=1) and a
+checkpoint after every step. Two more runs go from the same state to another placement, the actor alone on a device,
+training beside generation: one resumes the collocated run's step-2 checkpoint, which holds the micro-batches
+generated ahead, and one re-places itself after step 2 (`runner.replace_at`). Both must continue the collocated run
+exactly, which checks resume, re-placement and placement independence under asynchronous training at once. The
+synchronous disaggregated preset, with two data-parallel actor ranks and generating with vLLM where it is installed,
+runs through the command's entry point as users start it (`rlplace-train experiment=arithmetic_grpo_disagg ...`,
+`tests/train_here.py`), after the collocated runs: its 4 devices are the shape of the sweep of
+tests/reasoning/test_placements.py, which takes over its processes. Runs of this process take over the devices and
+worker processes of the run before (`scheduler/parking.py`). Config and placement refusals (and checkpoints a run
+cannot resume) are checked in-process through `resolve`, as both CLIs do, and one of them through the CLI.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ ASYNC_PPO = [
     "reward.overlong_buffer=2",  # DAPO's overlong penalty over the last 2 of the 4 new tokens
     "algorithm.kl_ctrl=adaptive",  # the KL coefficient, part of the actor's state, moves every step ...
     "algorithm.kl_horizon=16",  # ... by up to 20%: a step's 16 responses
+    "actor.lora.rank=8",  # LoRA adapters on the policy and the critic: resumed and re-placed exactly too
 ]
 SPLIT_ROLLOUT = [  # a vLLM engine split over 2 rollout ranks, on a device and a core each: 5 devices, the rest moved up
     "rollout=vllm",
@@ -505,12 +506,13 @@ def test_bad_input_is_refused_before_workers_start(
         ("a wider model", "it was written with the model's hidden_size = 64, this run has 128"),
         (
             "actor.lora.rank=4",
-            r"it was written with actor.lora = None, this run has \{'rank': 4, 'alpha': 16, 'target_modules': "
-            r"\['all-linear'\]\}",
+            r"it was written with actor.lora = \{'rank': 8, .*\}, this run has \{'rank': 4, 'alpha': 16, "
+            r"'target_modules': \['all-linear'\]\}",
         ),
+        ("actor.lora.rank=0", r"it was written with actor.lora = \{'rank': 8, .*\}, this run has None"),
         ("an embodied run", r"not a checkpoint of the reasoning family \(no reasoning state in its runner.json\)"),
     ],
-    ids=["prompts_per_step", "algorithm", "staleness", "model_shape", "lora", "embodied"],
+    ids=["prompts_per_step", "algorithm", "staleness", "model_shape", "lora", "no_lora", "embodied"],
 )
 def test_check_checkpoint_refuses_a_checkpoint_this_run_cannot_continue(
     change: str, message: str, model_path: Path, tmp_path: Path, compose_cfg

@@ -31,6 +31,8 @@ JOBS = (
     Job("replica_lora", "ddp", 1, lora=4),
     Job("sharded_lora", "fsdp", 2, lora=4, save="sharded_lora_ckpt"),
     Job("replica_lora_from_sharded", "ddp", 1, lora=4, steps=(2,), resume="sharded_lora_ckpt"),
+    Job("replica_ppo_lora", "ddp", 1, algorithm="ppo", lora=4),
+    Job("sharded_ppo_lora", "fsdp", 2, algorithm="ppo", lora=4),
 )
 RTOL, ATOL = 1e-4, 1e-5
 """Two ranks sum each gradient in another order than one process (reduce-scatter of two halves, a minibatch's loss
@@ -83,7 +85,9 @@ def _close_stats(found: dict[str, float], expected: dict[str, float], rel: float
         assert found[key] == pytest.approx(expected[key], rel=rel, abs=ATOL), key
 
 
-@pytest.mark.parametrize("algorithm", ["", "_ppo", "_lora"], ids=["grpo", "ppo_with_critic", "grpo_lora"])
+@pytest.mark.parametrize(
+    "algorithm", ["", "_ppo", "_lora", "_ppo_lora"], ids=["grpo", "ppo_with_critic", "grpo_lora", "ppo_lora"]
+)
 def test_two_sharded_ranks_train_what_one_replica_trains(results, algorithm):
     replica, sharded = results[f"replica{algorithm}"][0], results[f"sharded{algorithm}"]
     for step in range(STEPS):
@@ -153,13 +157,19 @@ def test_an_inference_copy_given_the_trained_weights_scores_what_the_policy_scor
 
 
 def test_lora_trains_its_adapters_alone(results, folder):
-    # The base weights stay as loaded, to the bit; every adapter's B (zero at the start) has moved.
-    weights = results["sharded_lora"][0]["weights"]
-    base = load_causal_lm(folder).state_dict()
+    # The base weights stay as loaded, to the bit, the policy's and the critic's backbone's; every adapter's B (zero at
+    # the start) has moved, and the critic's value head (its bias started at zero).
+    weights = results["sharded_ppo_lora"][0]["weights"]
+    start = load_causal_lm(folder).state_dict()
     adapters = [name for name in weights if ".lora_" in name]
-    assert adapters and all(".lora_A." in name or ".lora_B." in name for name in adapters)
+    assert adapters and {name.split(".")[0] for name in adapters} == {"policy", "critic"}
     for name, tensor in weights.items():
+        model, own = name.split(".", 1)
         if name in adapters:
             assert ".lora_A." in name or tensor.abs().max() > 0, name
+        elif own.startswith("value_head."):
+            assert own == "value_head.weight" or tensor.abs().max() > 0, name
+        elif model == "critic":  # the backbone of a causal LM: its weights without the `model.` before them
+            assert torch.equal(tensor, start["model." + lora.base_name(own.removeprefix("backbone."))]), name
         else:
-            assert torch.equal(tensor, base[lora.base_name(name.removeprefix("policy."))]), name
+            assert torch.equal(tensor, start[lora.base_name(own)]), name

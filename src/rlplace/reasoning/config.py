@@ -305,9 +305,9 @@ class GenerationConfig(ComponentConfig):
 
 @dataclass
 class LoRAConfig:
-    """Low-rank adapters on the policy (`rlplace.reasoning.lora`; verl's `model.lora_rank`, OpenRLHF's
-    `--lora_rank`): the base weights frozen, gradients and AdamW state for the adapters alone. The critic trains in
-    full."""
+    """Low-rank adapters on the policy and PPO's critic (`rlplace.reasoning.lora`; verl's `model.lora_rank`,
+    OpenRLHF's `--lora_rank`): the base weights frozen, gradients and AdamW state for the adapters alone (and the
+    critic's value head)."""
 
     rank: int = 0
     """The adapters' rank r; 0: off (the whole policy trains)."""

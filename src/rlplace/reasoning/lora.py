@@ -1,4 +1,5 @@
-"""LoRA for the reasoning actor (`actor.lora.rank`): the policy's base weights frozen, low-rank adapters trained.
+"""LoRA for the reasoning actor (`actor.lora.rank`): the policy's base weights frozen, low-rank adapters trained (and
+PPO's critic's alike, `adapt_critic`).
 
 The actor wraps its policy with PEFT's LoRA (`adapt`), so gradients and AdamW state exist for the adapters alone:
 a rank's training state shrinks from 16 bytes a parameter (weight, gradient, two moments) to the 4 of its frozen
@@ -26,6 +27,7 @@ from rlplace.core.errors import ConfigError
 from rlplace.core.weights import Export
 from rlplace.planner.memory import ALL_LINEAR
 from rlplace.reasoning.config import LoRAConfig
+from rlplace.reasoning.models.value_model import ValueModel
 
 ADAPTER = "default"
 """PEFT's name of the one adapter."""
@@ -74,6 +76,20 @@ def check_targets(model_path: str | Path, settings: LoRAConfig) -> None:
                 f"actor.lora.target_modules = {settings.target_modules} is invalid: {target!r} is no linear layer "
                 f"of the model in {model_path} (valid: [{ALL_LINEAR}] or names among {', '.join(names)})"
             )
+
+
+def trained(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters an optimizer steps: every one of a plain model; an adapted one's adapters (and a critic's value
+    head)."""
+    return [parameter for parameter in model.parameters() if parameter.requires_grad]
+
+
+def adapt_critic(critic: ValueModel, settings: LoRAConfig) -> ValueModel:
+    """PPO's critic with adapters on its backbone as `settings` say (OpenRLHF's `--lora_rank` adapts both models; the
+    value head, new and small, trains in full), or as it is when they are off. Its weights never leave the actor, so
+    nothing merges them."""
+    critic.backbone = adapt(critic.backbone, settings)
+    return critic
 
 
 def peft_targets(target_modules: list[str]) -> str | list[str]:

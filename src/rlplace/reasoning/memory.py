@@ -232,9 +232,9 @@ def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: i
     compute = BF16 if cfg.actor.dtype == "bf16" else FP32
     lora = cfg.actor.lora
     adapters = shape.lora_parameters(lora.rank, lora.target_modules) if lora.enabled else None
-    models = [(True, adapters)]  # the policy, and the critic (without an LM head, trained in full)
+    models = [(True, adapters)]  # the policy, and the critic (without an LM head; its value head is a rounding error)
     if cfg.algorithm.has_critic:
-        models.append((False, None))
+        models.append((False, adapters))
     resident = sum(shape.state_bytes(ranks if sharded else 1, head, trained) for head, trained in models)
     state = sum(shape.training_state_bytes(ranks, sharded, compute, head, trained) for head, trained in models)
     rows = cfg.task.prompts_per_step * cfg.algorithm.group_size // ranks // cfg.algorithm.num_minibatches

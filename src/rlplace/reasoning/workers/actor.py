@@ -75,14 +75,14 @@ class LLMActorWorker(Worker):
         self.policy = self._trainable(lora.adapt(self.model, actor.lora))
         self.export = lora.export(self.policy)
         """How the policy's weights leave the actor: None as they are, or with its adapters merged."""
-        trained = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trained, lr=alg.lr, weight_decay=alg.weight_decay)
+        self.optimizer = torch.optim.AdamW(lora.trained(self.policy), lr=alg.lr, weight_decay=alg.weight_decay)
         self.critic: ValueModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if alg.has_critic:
-            self.critic = self._trainable(ValueModel.from_pretrained(model_path).to(self.device))
+            critic = lora.adapt_critic(ValueModel.from_pretrained(model_path).to(self.device), actor.lora)
+            self.critic = self._trainable(critic)
             self.critic_optimizer = torch.optim.AdamW(
-                self.critic.parameters(), lr=alg.critic_lr, weight_decay=alg.weight_decay
+                lora.trained(self.critic), lr=alg.critic_lr, weight_decay=alg.weight_decay
             )
         self.host_copies = HostCopies()
         self.generator = torch.Generator().manual_seed(cfg.runner.seed)
