@@ -48,14 +48,14 @@ def export_checkpoint(folder: Path, target: Path) -> Path:
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlplace.core.strategies.training_state import single_process_quiet
+    from rlplace.reasoning.models.tiny_lm import causal_lm_skeleton
 
     adapters = check_export(folder, target)
     files = folder / MODEL_FILES_DIR
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(files), dtype=torch.float32)
+    model = causal_lm_skeleton(files)
+    with torch.device("meta"):  # adapters without weights too: the checkpoint fills them
         policy = lora.adapt(model, LoRAConfig(**adapters)) if adapters else model
     policy.to_empty(device="cpu")
     state = {POLICY: get_model_state_dict(policy)}

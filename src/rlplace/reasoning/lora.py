@@ -27,6 +27,7 @@ from rlplace.core.errors import ConfigError
 from rlplace.core.weights import Export
 from rlplace.planner.memory import ALL_LINEAR
 from rlplace.reasoning.config import LoRAConfig
+from rlplace.reasoning.models.tiny_lm import causal_lm_skeleton
 from rlplace.reasoning.models.value_model import ValueModel
 
 ADAPTER = "default"
@@ -64,10 +65,7 @@ def check_targets(model_path: str | Path, settings: LoRAConfig) -> None:
     on the meta device (no weights)."""
     if not settings.enabled or settings.target_modules == [ALL_LINEAR]:
         return
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    model = causal_lm_skeleton(model_path)
     linear = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     for target in settings.target_modules:
         if not any(name == target or name.endswith(f".{target}") for name in linear):

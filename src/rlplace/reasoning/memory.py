@@ -23,6 +23,7 @@ characters without one; a chat template's few tokens are not counted.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import weakref
@@ -108,7 +109,16 @@ def predict_memory(
 
 def model_config(cfg: ReasoningConfig) -> dict | None:
     """The `config.json` of `model.path`; None for a built model kind without one (not built yet)."""
-    return None if cfg.model.path is None else json.loads((Path(cfg.model.path) / "config.json").read_text())
+    if cfg.model.path is None:
+        return None
+    path = Path(cfg.model.path) / "config.json"
+    return dict(_read_config(path, path.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=16)
+def _read_config(path: Path, mtime_ns: int) -> dict:
+    """A config file, read once per version of it: a placement search asks for it for every candidate."""
+    return json.loads(path.read_text())
 
 
 def _usage(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, ranks: Mapping[str, int]) -> dict[str, Usage]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
@@ -70,6 +71,13 @@ def build_tiny_lm(folder: str | Path, shape: TinyLMShape = TinyLMShape(), seed: 
 def build(folder: str | Path, source: object, seed: int) -> None:
     """The `tiny_lm` model kind's builder (`models.registry`): its character vocabulary needs no text to learn from."""
     build_tiny_lm(folder, TinyLMShape(), seed)
+
+
+def causal_lm_skeleton(path: str | Path) -> PreTrainedModel:
+    """The folder's causal LM built from its config on the meta device, in float32: its modules, names and shapes
+    without weights (to check names against, or to fill from a checkpoint after `to_empty`)."""
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
 
 
 def load_causal_lm(
