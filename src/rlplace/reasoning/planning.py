@@ -397,14 +397,9 @@ def search(cfg: ReasoningConfig, model: StepModel) -> list[Ranked]:
         if cfg.cluster.device_memory_gb is not None:
             splits = engine_splits(cfg, placement.get_world_size("rollout"))
         for offload, staleness in itertools.product(offload_choices(cfg, where, placement), (0, 1)):
-            offloaded = cfg.with_offload(offload)
             for split in splits:
-                candidate = replace(
-                    offloaded,
-                    cluster=replace(cfg.cluster, component_placement=dict(where)),
-                    rollout=replace(offloaded.rollout, tensor_parallel_size=split),
-                    runner=replace(cfg.runner, max_staleness=staleness),
-                )
+                placed = _placed(cfg, where, offload, split)
+                candidate = replace(placed, runner=replace(cfg.runner, max_staleness=staleness))
                 try:
                     check_placement(candidate, placement, source)
                 except (ConfigError, PlacementError):
@@ -423,11 +418,19 @@ def load_model(profile_dir: str | Path, task: str) -> StepModel:
 def place(cfg: ReasoningConfig, best: Ranked) -> ReasoningConfig:
     """The run placed as candidate `best` (`placement=auto`, a re-plan), with its offload switches and engine
     split."""
-    placed = cfg.with_offload(best.offload)
+    return _placed(cfg, best.component_placement, best.offload, best.tensor_parallel_size)
+
+
+def _placed(
+    cfg: ReasoningConfig, where: Mapping[str, int | str], offload: Mapping[str, bool], split: int
+) -> ReasoningConfig:
+    """The run with its components at `where`, these offload switches and its rollout engine split over `split`
+    ranks: a candidate of the search, and the run `placement=auto` starts."""
+    offloaded = cfg.with_offload(offload)
     return replace(
-        placed,
-        cluster=replace(cfg.cluster, component_placement=dict(best.component_placement)),
-        rollout=replace(placed.rollout, tensor_parallel_size=best.tensor_parallel_size),
+        offloaded,
+        cluster=replace(cfg.cluster, component_placement=dict(where)),
+        rollout=replace(offloaded.rollout, tensor_parallel_size=split),
     )
 
 
