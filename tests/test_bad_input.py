@@ -153,6 +153,16 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
         [*REASONING, "algorithm.loss_agg=sum"],
         "algorithm.loss_agg = 'sum' is invalid: valid",
     ),
+    "lora sync without adapters": (
+        "rlplace-plan",
+        [*REASONING, "actor.lora.sync=adapters"],
+        "actor.lora.sync = 'adapters' is invalid: merged without adapters (rank 0)",
+    ),
+    "lora rank vllm cannot apply": (
+        "rlplace-plan",
+        [*REASONING, "rollout=vllm", "actor.lora.rank=1024", "actor.lora.sync=adapters"],
+        "actor.lora.rank = 1024 is invalid with actor.lora.sync = adapters: the vllm backend applies adapters of rank",
+    ),
     "importance_ratio": ("rlplace-train", [*REASONING, "algorithm.importance_ratio=seq"], "token, sequence"),
     "max_epochs": ("rlplace-plan", ["runner.max_epochs=0"], "runner.max_epochs = 0 is invalid: null or at least 1"),
     "max_epochs embodied": ("rlplace-train", ["runner.max_epochs=2"], "runner.max_epochs = 2 is invalid for embodied"),

@@ -96,6 +96,33 @@ def test_sharding_divides_the_actors_state_and_offload_empties_the_idle_phase(mo
         assert replica.usage[name].in_phase("sync_weights") == replica.usage[name].resident + bucket
 
 
+def test_adapters_sent_alone_shrink_the_sync_and_the_inference_group_drops_its_reference(model_path):
+    """actor.lora.sync = adapters: weight sync's buckets carry the adapters alone (on a sharded actor, too, what it
+    gathers), the rollout engine and the inference group's policy copy hold them beside the weights, and the copy is
+    the reference model too."""
+    overrides = [
+        "experiment=arithmetic_grpo",
+        f"model.path={model_path}",
+        "cluster.num_devices_per_node=2",
+        "actor.strategy=fsdp",
+        "algorithm.kl_coef=0.01",
+        "actor.lora.rank=4",
+    ]
+    merged, alone = (predict_memory(*_plan([*overrides, f"actor.lora.sync={sync}"])) for sync in ("merged", "adapters"))
+    shape = TransformerShape.from_config(json.loads((model_path / "config.json").read_text()))
+    adapters = shape.lora_parameters(4, ["all-linear"])
+    assert merged.usage["inference"].resident == 4 * shape.parameters()  # policy and reference, each halved
+    assert alone.usage["inference"].resident == 2 * (shape.parameters() + adapters)
+    assert merged.usage["rollout"].resident + 4 * adapters == alone.usage["rollout"].resident
+    for name in ("rollout", "inference"):
+        assert alone.usage[name].in_phase("sync_weights") == alone.usage[name].resident + 4 * adapters
+    whole_model = 4 * shape.state_dict_parameters()  # the default bucket (64 MB) holds the whole tiny model
+    assert merged.usage["rollout"].in_phase("sync_weights") == merged.usage["rollout"].resident + whole_model
+    sharded = [run.usage["actor"] for run in (merged, alone)]  # a sharded actor gathers what it sends
+    assert sharded[0].resident == sharded[1].resident
+    assert sharded[0].in_phase("sync_weights") - sharded[1].in_phase("sync_weights") == whole_model - 4 * adapters
+
+
 def test_an_engine_split_over_ranks_holds_its_share_of_the_weights_and_keys_on_each(model_path):
     """rollout.tensor_parallel_size = 2: each rollout rank holds half the engine's weights and half its key/value
     heads (the tiny LM has 2), and in weight sync still takes whole buckets; with 4 ranks to an engine each still holds

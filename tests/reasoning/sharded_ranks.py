@@ -154,6 +154,8 @@ def _run_job(rank: int, job: Job, folder: Path, out: Path) -> None:
             if rank == 0:
                 (out / job.save / ".done").touch()
     copy = _frozen_copy(rank, policy, strategy, folder, batch)
+    if job.lora:
+        copy["adapters_alone"] = _adapters_copy(rank, policy, strategy, folder, batch, LoRAConfig(rank=job.lora))
     weights = {
         f"{name}.{key}": tensor
         for name, (model, _) in trained.items()
@@ -185,6 +187,29 @@ def _frozen_copy(
         keep_in_step([copy, reference], rounds - len(mine), batch.num_rows, torch.device("cpu"))
     scores["reference"] = response_logprobs(load_causal_lm(folder).eval(), batch)
     return scores
+
+
+def _adapters_copy(
+    rank: int, policy: torch.nn.Module, strategy: Strategy, folder: Path, batch: SequenceBatch, settings: LoRAConfig
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """An inference rank's copy of a LoRA policy under `actor.lora.sync: adapters`: the folder's weights with adapters
+    added (`lora.inject`), given the trained adapters alone as weight sync sends them (only they gathered), scoring
+    three micro-batches over the ranks as `InferenceWorker.compute_logprobs` does: the policy's log-probs, and the
+    reference's with the adapters off; a rank with fewer keeps in step."""
+    copy = strategy.wrap(lora.inject(load_causal_lm(folder), settings).requires_grad_(False).eval(), trained=False)
+    export = lora.export(policy, adapters_alone=True)
+    sent = {name: gathered(tensor) for name, tensor in policy.state_dict().items() if export.keep(name)}
+    load_whole(copy.state_dict(), export.convert(sent).items())
+    mine = micro_batches_of(rank, strategy.world_size, 3)
+    scored = []
+    for _ in mine:
+        logprobs = response_logprobs(copy, batch)
+        with lora.without_adapters(copy):
+            scored.append((logprobs, response_logprobs(copy, batch)))
+    if strategy.collective_passes:
+        rounds = len(micro_batches_of(0, strategy.world_size, 3))
+        keep_in_step([copy, copy], rounds - len(mine), batch.num_rows, torch.device("cpu"))
+    return scored
 
 
 def _mean(world_size: int, tensor: torch.Tensor) -> None:

@@ -1,6 +1,6 @@
 """The hf and vllm generation engines: same greedy tokens for the same weights, in-place weight updates, sampling
 keyed per sequence, and stopping at EOS or max_new_tokens; a vllm engine split over two ranks generates what one
-does.
+does; an engine given LoRA adapters alone generates what one given the merged weights does.
 
 The models are tiny LMs trained for a few seconds to memorise 16 sums (or differences), so greedy outputs are
 confident, varied and end with EOS rather than being near-ties of a random initialisation. The tests that need a vLLM
@@ -26,7 +26,8 @@ import torch
 
 from rlplace.core.config import ClusterConfig
 from rlplace.core.errors import ConfigError
-from rlplace.reasoning.config import MultiTurnConfig
+from rlplace.reasoning import lora
+from rlplace.reasoning.config import LoRAConfig, MultiTurnConfig
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine, sequence_seed
 from rlplace.reasoning.generation.hf import HFEngine
 from rlplace.reasoning.generation.replicas import Replica
@@ -244,6 +245,38 @@ def test_load_weights_in_place_switches_both_engines_to_the_new_model(models, hf
     for engine in (hf, vllm):
         engine.load_weights(sums)
         assert _greedy(engine, models.prompts) == before
+
+
+@pytest.mark.slow
+def test_an_engine_given_lora_adapters_alone_generates_what_the_merged_model_does(models, hf, vllm):
+    """`actor.lora.sync: adapters`: an engine that applies the adapters over the folder's weights samples, greedy and
+    at temperature 1, the tokens the engine given the merged weights samples; each update replaces the adapters (an
+    update of zero adapters brings the base model back)."""
+    settings = LoRAConfig(rank=4, alpha=8, sync="adapters")
+    torch.manual_seed(0)
+    policy = lora.adapt(load_causal_lm(models.sums), settings)
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if ".lora_B." in name:
+                parameter.normal_(std=0.2)
+    alone = lora.export(policy, adapters_alone=True)
+    adapters = alone.convert({name: t for name, t in policy.state_dict().items() if alone.keep(name)})
+    merged = lora.export(policy).convert(policy.state_dict()).items()
+    base = _greedy(hf, models.prompts)
+    for backend, plain in (("hf", hf), ("vllm", vllm)):
+        engine = make_engine(backend, str(models.sums), "cpu", options=EngineOptions(adapters=settings))
+        try:
+            assert _greedy(engine, models.prompts) == base
+            engine.load_weights(adapters.items())
+            plain.load_weights(merged)
+            for temperature in (0.0, 1.0):
+                assert _sample(engine, models.prompts, temperature) == _sample(plain, models.prompts, temperature)
+            assert _greedy(engine, models.prompts) != base
+            engine.load_weights((n, torch.zeros_like(t) if ".lora_B." in n else t) for n, t in adapters.items())
+            assert _greedy(engine, models.prompts) == base
+        finally:
+            engine.close()
+            plain.load_weights(load_causal_lm(models.sums).state_dict().items())
 
 
 @pytest.mark.slow

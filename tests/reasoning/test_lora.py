@@ -1,7 +1,8 @@
 """LoRA on the reasoning actor (`rlplace.reasoning.lora`): what leaves the actor is the merged model PEFT itself
-would make, bucket by bucket; targets are checked against the model; the memory model counts the adapters PEFT
-adds. Training with adapters (under ddp and fsdp, resumed across them) is in test_sharded.py, end to end in
-test_runner.py."""
+would make, bucket by bucket, or the adapters alone, which a receiver's copy applies as the policy does; targets are
+checked against the model; the memory model counts the adapters PEFT adds. Training with adapters (under ddp and
+fsdp, resumed across them) is in test_sharded.py, end to end in test_runner.py; engines applying them in
+test_generation.py."""
 
 from __future__ import annotations
 
@@ -62,6 +63,41 @@ def test_small_buckets_keep_each_adapted_layer_whole(folder: Path) -> None:
     whole = export.convert(policy.state_dict())
     assert list(sent) == list(whole) and all(torch.equal(sent[name], whole[name]) for name in whole)
     assert lora.export(load_causal_lm(folder)) is None  # a plain policy is sent as it is
+
+
+def test_adapters_sent_alone_load_into_an_injected_copy_and_peft_reads_them_saved(folder: Path, tmp_path) -> None:
+    # `actor.lora.sync: adapters`: only the adapters leave, under the plain model's names; a copy given adapters by
+    # `inject` takes them by those names and computes what the policy computes; written by `save_adapters`, PEFT
+    # reads them as the adapters of the base model (vLLM's loader reads the same files).
+    settings = LoRAConfig(rank=4, alpha=8, sync="adapters")
+    policy = trained_adapters(folder, settings)
+    export = lora.export(policy, adapters_alone=True)
+    state = policy.state_dict()
+    sent = export.convert({name: tensor for name, tensor in state.items() if export.keep(name)})
+    assert len(sent) == 2 * 7 * len(policy.base_model.model.model.layers)  # A and B of the 7 projections a layer
+    assert all(lora.is_adapter(name) and not name.startswith(lora.PREFIX) for name in sent)
+    copy = lora.inject(load_causal_lm(folder), settings)
+    assert type(copy).__name__ == "LlamaForCausalLM"
+    copy.load_state_dict(sent, strict=False)
+    ids = torch.tensor([[1, 5, 9, 12, 7]])
+    expected = policy(input_ids=ids).logits
+    assert torch.equal(copy(input_ids=ids).logits, expected)
+    with lora.without_adapters(copy):
+        assert torch.equal(copy(input_ids=ids).logits, load_causal_lm(folder)(input_ids=ids).logits)
+    assert torch.equal(copy(input_ids=ids).logits, expected)  # switched back on
+
+    from peft import PeftModel
+
+    saved = PeftModel.from_pretrained(load_causal_lm(folder), lora.save_adapters(sent, settings, tmp_path / "a"))
+    assert torch.equal(saved(input_ids=ids).logits, expected)
+
+
+def test_lora_sync_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match=r"actor.lora.sync = 'adapter' is invalid: valid: merged, adapters"):
+        LoRAConfig(rank=4, sync="adapter")
+    with pytest.raises(ConfigError, match=r"actor.lora.sync = 'adapters' is invalid: merged without adapters"):
+        LoRAConfig(sync="adapters")
+    assert LoRAConfig(rank=4, sync="adapters").sends_adapters and not LoRAConfig(rank=4).sends_adapters
 
 
 def test_targets_naming_no_linear_layer_are_refused(folder: Path) -> None:

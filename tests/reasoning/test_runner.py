@@ -90,9 +90,10 @@ RUNS = {
     ],
     # Each stage on its own device, 16 micro-batches of 8-token responses per step streaming through them (enough
     # for the stages to overlap even when generation is quick), routed over 2 actor ranks that average their
-    # gradients and train LoRA adapters (the engines and the inference group given the merged weights); generation
-    # with vLLM, one engine split over 2 rollout ranks (hf on 1 rank without vLLM); profiled for the planner (the
-    # actor's passes timed on both ranks at once after the run).
+    # gradients and train LoRA adapters, which weight sync sends alone (the engines apply them; the inference group's
+    # policy copy scores the KL term's reference with them off); generation with vLLM, one engine split over 2
+    # rollout ranks (hf on 1 rank without vLLM); profiled for the planner (the actor's passes timed on both ranks at
+    # once after the run).
     "disaggregated": [
         "experiment=arithmetic_grpo_disagg",
         "task.prompts_per_step=16",
@@ -100,6 +101,8 @@ RUNS = {
         "rollout.max_new_tokens=8",
         "cluster.component_placement.actor=1:0-1",
         "actor.lora.rank=8",
+        "actor.lora.sync=adapters",
+        "algorithm.kl_coef=0.01",
         "algorithm.ent_coef=0.01",  # a gradient even where every reward of the untrained model is 0
         *(SPLIT_ROLLOUT if VLLM else []),
         "runner.profile=true",
@@ -294,9 +297,10 @@ def test_the_last_checkpoint_exports_as_the_final_model(variant: str, runs: Runs
 
 @pytest.mark.slow
 def test_lora_trains_its_adapters_and_hands_out_the_merged_policy(runs: Runs, model_path: Path, tmp_path: Path) -> None:
-    # The disaggregated run's 2 actor ranks train LoRA adapters: the checkpoint holds the base weights as loaded and
-    # AdamW state for the adapters alone; the final model is an ordinary model folder whose adapted projections
-    # moved (the engines ran on it: the version check below; the export test: the same merge from the checkpoint).
+    # The disaggregated run's 2 actor ranks train LoRA adapters, sent alone to the engines and the inference group:
+    # the checkpoint holds the base weights as loaded and AdamW state for the adapters alone; the final model is an
+    # ordinary model folder whose adapted projections moved (the engines ran on the adapters: the version check
+    # below; the export test: the same merge from the checkpoint).
     run = runs["disaggregated"]
     models = trained_state(run / "checkpoints" / "step_000002", tmp_path / "state.pt")
     start = load_causal_lm(model_path).state_dict()
@@ -354,6 +358,7 @@ def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choic
     )
     assert profile["config"]["prompts_per_step"] == 16 and profile["config"]["micro_batch_prompts"] == 1
     assert profile["config"]["tensor_parallel_size"] == (2 if VLLM else 1)
+    assert (profile["config"]["lora_rank"], profile["config"]["lora_sync"]) == (8, "adapters")
     passes = profile["actor"]
     assert passes["sizes"] == [1, 2, 4, 8, 16, 32] and all(s > 0 for s in passes["seconds"])  # 64 rows / 2 minibatches
     assert passes["optimizer_step"] > 0 and passes["row_tokens"] > 0
@@ -369,8 +374,11 @@ def test_a_profiled_run_predicts_itself_plans_the_others_and_auto_runs_its_choic
     collocated = resolve(compose_run([*same, "cluster.num_devices_per_node=1"]))
     assert collocated.placement.mode == "collocated"
     assert collocated.prediction.phases["generate_rollouts"] > planned.prediction.phases["generate_rollouts"]
+    assumptions = " ".join(collocated.prediction.assumptions)
+    assert "the profiled run, which trained LoRA adapters of rank 8" in assumptions  # planned training every weight
+    assert "the profiled run, which sent LoRA adapters alone" in assumptions
     if VLLM:  # profiled with an engine split over 2 ranks, planned with a whole one on each rank
-        assert "(profiled split over 2)" in " ".join(collocated.prediction.assumptions)
+        assert "(profiled split over 2)" in assumptions
     # placement=auto on the profiled cluster: the fastest candidate at the run's staleness, ranked, and the same
     # config as its override line run by hand.
     auto = resolve(compose_run([*same, "cluster=local4", "placement=auto"]))

@@ -4,7 +4,7 @@ checkpoint written by 2 sharded ranks resuming on 1 full replica and the reverse
 on the first step, activation checkpointing recomputing the same step, offload/onload of sharded state keeping
 every value, and an inference rank's sharded frozen copy scoring what the trained policy scores. LoRA adapters train
 alike under both strategies, leave the base weights as they were loaded, resume across strategies, and give the
-inference copy, merged, the policy's log-probs."""
+inference copy, merged or sent alone, the policy's log-probs."""
 
 from __future__ import annotations
 
@@ -154,6 +154,19 @@ def test_an_inference_copy_given_the_trained_weights_scores_what_the_policy_scor
         for scored, reference in copy["micro_batches"]:
             assert torch.equal(scored, copy["after"])
             torch.testing.assert_close(reference, copy["reference"], rtol=0, atol=0 if job != "sharded_bf16" else 0.1)
+
+
+@pytest.mark.parametrize("job", ["replica_lora", "sharded_lora"])
+def test_an_inference_copy_given_the_adapters_alone_scores_the_policy_and_with_them_off_the_reference(results, job):
+    # `actor.lora.sync: adapters`: the copy holds the folder's weights and receives the adapters alone; it computes
+    # what the policy computes, W x + s B (A x), so it scores the policy's log-probs to the last bit, and with the
+    # adapters off the base model's, which the reference model would have scored.
+    for rank in results[job]:
+        copy = rank["copy"]
+        assert len(copy["adapters_alone"]) == len(copy["micro_batches"])
+        for scored, reference in copy["adapters_alone"]:
+            assert torch.equal(scored, copy["policy"])
+            assert torch.equal(reference, copy["reference"])
 
 
 def test_lora_trains_its_adapters_alone(results, folder):

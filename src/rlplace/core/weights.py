@@ -8,7 +8,7 @@ each hold a shard of every tensor (`actor.strategy = fsdp`), every rank takes pa
 tensors (`full_tensor()`) and rank 0 sends it, so no rank ever holds more than one bucket of the whole model beyond
 its shards. A receiver whose model is sharded the same way (the inference group under `actor.strategy = fsdp`) keeps
 its own part of each tensor it receives. A model whose receivers load other tensors than it trains (a LoRA policy:
-`reasoning.lora`) sends them converted, bucket by bucket (`Export`).
+`reasoning.lora`) sends them converted, bucket by bucket, or only some of them (`Export`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ class StaleWeightsError(RuntimeError):
 class Export:
     """How a model's state dict becomes the tensors its receivers load, where they differ."""
 
-    unit: Callable[[str], str]
-    """The entries that `convert` needs together, by a name they share: they travel in one bucket."""
     convert: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
     """Whole tensors of one bucket -> what the receivers load."""
+    unit: Callable[[str], str] | None = None
+    """The entries that `convert` needs together, by a name they share: they travel in one bucket."""
+    keep: Callable[[str], bool] | None = None
+    """The entries sent, by name (None: all); the others are neither gathered nor sent."""
 
 
 def buckets(
@@ -69,8 +71,12 @@ def broadcast_weights(
     """Send `model`'s weights (converted by `export`), labelled `version`, from rank 0 to every rank of `dst_group`;
     returns the number of buckets. Every rank of a sharded model calls it (the gathers are collective); other ranks
     of a replicated one may too, and send nothing."""
-    unit = export.unit if export is not None else None
-    parts = buckets(model.state_dict(), bucket_mb, unit)  # a sharded tensor's size is its whole size
+    state = model.state_dict()
+    unit = None
+    if export is not None:
+        unit = export.unit
+        state = state if export.keep is None else {name: t for name, t in state.items() if export.keep(name)}
+    parts = buckets(state, bucket_mb, unit)  # a sharded tensor's size is its whole size
     for index, part in enumerate(parts):
         full = {name: gathered(tensor) for name, tensor in part.items()}
         if worker.rank == 0:

@@ -124,13 +124,17 @@ class TransformerShape:
         unit_gradient = FP32_BYTES if adapters is None else 0  # an adapter's is a rounding error beside the unit
         return -(-whole // ranks) + self.largest_unit() * (compute_bytes + unit_gradient)
 
-    def frozen_bytes(self, ranks: int, sharded: bool) -> int:
-        """One rank's float32 copy of the model for forward passes alone: the whole of it, or sharded 1/`ranks`."""
-        return -(-FP32_BYTES * self.parameters() // (ranks if sharded else 1))
+    def frozen_bytes(self, ranks: int, sharded: bool, adapters: int = 0) -> int:
+        """One rank's float32 copy of the model (with `adapters` LoRA parameters) for forward passes alone: the whole
+        of it, or sharded 1/`ranks`."""
+        return -(-FP32_BYTES * (self.parameters() + adapters) // (ranks if sharded else 1))
 
-    def bucket_bytes(self, bucket_mb: float) -> int:
+    def bucket_bytes(self, bucket_mb: float, adapters: int | None = None) -> int:
         """The largest bucket of float32 weight sync sends: `bucket_mb`, or the vocabulary matrix, which travels alone
-        when larger (`core.weights.buckets`); the whole state dict when that is smaller."""
+        when larger (`core.weights.buckets`); the whole state dict when that is smaller. With `adapters`, weight sync
+        sends that many LoRA parameters alone."""
+        if adapters is not None:
+            return min(int(bucket_mb * 1e6), adapters * FP32_BYTES)
         largest = max(int(bucket_mb * 1e6), self.embedding_parameters() * FP32_BYTES)
         return min(largest, self.state_dict_parameters() * FP32_BYTES)
 

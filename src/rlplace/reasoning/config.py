@@ -303,6 +303,10 @@ class GenerationConfig(ComponentConfig):
         )
 
 
+LORA_SYNCS = ("merged", "adapters")
+"""`actor.lora.sync`: what weight sync sends of an adapted policy."""
+
+
 @dataclass
 class LoRAConfig:
     """Low-rank adapters on the policy and PPO's critic (`rlplace.reasoning.lora`; verl's `model.lora_rank`,
@@ -316,9 +320,16 @@ class LoRAConfig:
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     """The linear layers adapted, by name (`[q_proj,v_proj]`), or `[all-linear]`: every linear layer but the output
     head; checked against the model before anything starts."""
+    sync: str = "merged"
+    """What weight sync sends the rollout engines and the inference group: `merged` (each adapted weight merged, W +
+    s · B A: the receivers run an ordinary model) or `adapters` (the adapters alone, a few percent of the weights:
+    the receivers keep the base and apply them, vLLM through its LoRA support, and the inference group scores the
+    reference log-probs with its policy copy's adapters switched off instead of holding a second model)."""
 
     def __post_init__(self) -> None:
         check(self.rank >= 0, "actor.lora.rank", self.rank, "0 (off) or more")
+        check_choice("actor.lora.sync", self.sync, LORA_SYNCS)
+        check(self.sync == "merged" or self.enabled, "actor.lora.sync", self.sync, "merged without adapters (rank 0)")
         check(self.alpha > 0, "actor.lora.alpha", self.alpha, "more than 0")
         check(
             bool(self.target_modules), "actor.lora.target_modules", self.target_modules, "layer names or [all-linear]"
@@ -327,6 +338,15 @@ class LoRAConfig:
     @property
     def enabled(self) -> bool:
         return self.rank > 0
+
+    def adapters(self) -> dict[str, object]:
+        """What the adapters are (what a checkpoint's must match), without how they are sent."""
+        return {"rank": self.rank, "alpha": self.alpha, "target_modules": list(self.target_modules)}
+
+    @property
+    def sends_adapters(self) -> bool:
+        """Weight sync sends the adapters alone (`sync: adapters`)."""
+        return self.enabled and self.sync == "adapters"
 
 
 @dataclass

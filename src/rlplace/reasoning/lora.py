@@ -3,13 +3,18 @@ PPO's critic's alike, `adapt_critic`).
 
 The actor wraps its policy with PEFT's LoRA (`adapt`), so gradients and AdamW state exist for the adapters alone:
 a rank's training state shrinks from 16 bytes a parameter (weight, gradient, two moments) to the 4 of its frozen
-weight, plus the adapters' few percent. Everything the actor hands out is an ordinary model's weights, each adapted
-matrix merged as W + s · B A (`merge`, the arithmetic of PEFT's own merge): weight sync (the rollout engine and the
-inference group's policy copy never see an adapter), the final model and `rlplace-export`, which also keep the
-adapters alone in PEFT's format (`save_model`). The merge is computed out of place, bucket by bucket, so the frozen W
-stays exactly what was loaded; merging into W and out again would move it by rounding at every sync. B starts at
-zero, so the first policy is the base model, and the reference model stays the base, as the inference group loads
-it.
+weight, plus the adapters' few percent. By default everything the actor hands out is an ordinary model's weights,
+each adapted matrix merged as W + s · B A (`merge`, the arithmetic of PEFT's own merge): weight sync (the rollout
+engine and the inference group's policy copy never see an adapter), the final model and `rlplace-export`, which also
+keep the adapters alone in PEFT's format (`save_model`). The merge is computed out of place, bucket by bucket, so the
+frozen W stays exactly what was loaded; merging into W and out again would move it by rounding at every sync. B
+starts at zero, so the first policy is the base model, and the reference model stays the base, as the inference group
+loads it.
+
+With `actor.lora.sync: adapters`, weight sync sends the adapters alone (`export`): the receivers hold the base weights
+from the model folder with the same adapters added (`inject`; vLLM through its LoRA support, `save_adapters`), and the
+inference group's copy, which computes what the policy computes, scores the reference with them off
+(`without_adapters`) instead of holding a second model.
 
 Adapters are initialised from torch's generator, which the actor seeds with runner.seed before it loads the model:
 the same on every rank and in every placement. There is no adapter dropout, which would draw noise per rank.
@@ -17,7 +22,8 @@ the same on every rank and in every placement. There is no adapter dropout, whic
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -43,20 +49,51 @@ IDENTITY = "actor.lora"
 adapters it trains, and `rlplace-export` rebuilds them from it."""
 
 
-def adapt(model: nn.Module, settings: LoRAConfig) -> nn.Module:
-    """`model` with LoRA adapters as `settings` say (only they train), or `model` itself when they are off."""
-    if not settings.enabled:
-        return model
-    from peft import LoraConfig, get_peft_model
+def peft_config(settings: LoRAConfig):
+    """`settings` as PEFT's LoraConfig."""
+    from peft import LoraConfig
 
-    config = LoraConfig(
+    return LoraConfig(
         r=settings.rank,
         lora_alpha=settings.alpha,
         target_modules=peft_targets(settings.target_modules),
         lora_dropout=0.0,
         bias="none",
     )
-    return get_peft_model(model, config)
+
+
+def adapt(model: nn.Module, settings: LoRAConfig) -> nn.Module:
+    """`model` with LoRA adapters as `settings` say (only they train), or `model` itself when they are off."""
+    if not settings.enabled:
+        return model
+    from peft import get_peft_model
+
+    return get_peft_model(model, peft_config(settings))
+
+
+def inject(model: nn.Module, settings: LoRAConfig) -> nn.Module:
+    """`model` itself with the adapters `settings` describe added to its layers in place (no wrapper: its class,
+    forward and names stay its own, each adapted layer's `base_layer` and `lora_A`/`lora_B` within it): a receiver
+    of `sync: adapters`, which loads what `export` sends by these names. B is zero until then, so it runs the base."""
+    from peft import inject_adapter_in_model
+
+    return inject_adapter_in_model(peft_config(settings), model)
+
+
+@contextmanager
+def without_adapters(model: nn.Module) -> Iterator[None]:
+    """`model`'s adapted layers compute their base layer alone meanwhile (exactly the base model's forward pass:
+    the reference model of an `inject`-ed policy copy)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
 
 
 def check_targets(model_path: str | Path, settings: LoRAConfig) -> None:
@@ -125,7 +162,7 @@ def merge(tensors: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.
     model's state dict: each adapted weight W + (B @ A) · s under its own name, the adapters dropped."""
     merged = {}
     for name, tensor in tensors.items():
-        if f".lora_A.{ADAPTER}." in name or f".lora_B.{ADAPTER}." in name:
+        if is_adapter(name):
             continue
         if name.endswith(f"{BASE}.weight"):
             layer = name.removesuffix(f"{BASE}.weight")
@@ -135,21 +172,39 @@ def merge(tensors: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.
     return merged
 
 
-def export(model: nn.Module) -> Export | None:
-    """How the weights of `model` leave the actor: merged (`merge`) when it is adapted; None for a plain model."""
+def is_adapter(name: str) -> bool:
+    """Whether a state dict entry is an adapter's (A or B)."""
+    return f".lora_A.{ADAPTER}." in name or f".lora_B.{ADAPTER}." in name
+
+
+def export(model: nn.Module, adapters_alone: bool = False) -> Export | None:
+    """How the weights of `model` leave the actor: None for a plain model; when it is adapted, merged (`merge`), or
+    the adapters alone (`actor.lora.sync: adapters`) under the names `inject` gives them."""
     if not is_adapted(model):
         return None
+    if adapters_alone:
+        return Export(keep=is_adapter, convert=lambda tensors: {n.removeprefix(PREFIX): t for n, t in tensors.items()})
     scale = scaling(model)
     return Export(unit=layer_of, convert=lambda tensors: merge(tensors, scale))
+
+
+def save_adapters(tensors: Mapping[str, torch.Tensor], settings: LoRAConfig, folder: Path) -> Path:
+    """Write adapters as `export` sends them into `folder` in PEFT's format (what `PeftModel.from_pretrained` and
+    vLLM's LoRA loader read), and return it."""
+    from safetensors.torch import save_file
+
+    peft_config(settings).save_pretrained(folder)
+    saved = {PREFIX + name.replace(f".{ADAPTER}.", "."): t.contiguous() for name, t in tensors.items()}
+    save_file(saved, Path(folder) / "adapter_model.safetensors")
+    return Path(folder)
 
 
 def save_model(model: nn.Module, policy: nn.Module, state: dict[str, torch.Tensor], folder: Path) -> None:
     """Write `policy`'s whole `state` (its state dict's tensors) as the Hugging Face folder of `model`, the model it
     trains: merged when the policy is adapted, with the adapters alone beside it in `folder/adapter` (PEFT's
     format: `PeftModel.from_pretrained(base, folder/adapter)`, to serve or share them without the weights)."""
-    merged = export(policy)
-    if merged is None:
+    if not is_adapted(policy):
         model.save_pretrained(folder, state_dict=state)
         return
-    model.save_pretrained(folder, state_dict=merged.convert(state))
+    model.save_pretrained(folder, state_dict=merge(state, scaling(policy)))
     policy.save_pretrained(folder / ADAPTER_FOLDER, state_dict=state)

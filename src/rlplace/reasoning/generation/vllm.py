@@ -14,6 +14,8 @@ each rank's scheduler deciding alike, samples the same tokens.
 On CPU, prompts are prefilled whole (no chunked prefill): vLLM rewinds a seeded request's generator when it drops the
 token sampled after part of a prompt, which only CUDA generators can do, so a batch of more prompt tokens than one
 engine step takes in would fail.
+With LoRA adapters sent alone (`actor.lora.sync: adapters`), the engine serves the folder's weights with vLLM's LoRA
+support, and each weight sync hands it the adapters as a new adapter that every later request names.
 vllm is imported when an engine is built, so this package imports without it.
 """
 
@@ -26,11 +28,19 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from rlplace.reasoning import lora
+from rlplace.reasoning.config import LoRAConfig
+
 from .engine import EngineOptions, check_lengths, eos_ids, sequence_seed
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 CPU_KV_CACHE_GIB = 1
 """KV cache reserved on CPU: 0.5 M tokens of the tiny LM, ample for a rollout; an explicit size, because vLLM
@@ -105,6 +115,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.4,
         tensor_parallel_size: int = 1,
+        adapters: LoRAConfig | None = None,
     ) -> None:
         if device.type == "cuda" and device.index not in (None, 0):
             raise ValueError(
@@ -125,6 +136,11 @@ class VLLMEngine:
                 "enable_chunked_prefill": False,
                 "max_num_batched_tokens": max(CPU_STEP_TOKENS, context),
             }
+        if adapters is not None:
+            device_args |= {"enable_lora": True, "max_loras": 1, "max_lora_rank": _lora_slot(adapters.rank)}
+        self.adapters = adapters
+        self.adapter: LoRARequest | None = None
+        """The LoRARequest of the adapters last loaded (None: the base model)."""
         self.scratch = tempfile.mkdtemp(prefix="rlplace-vllm-")
         atexit.register(shutil.rmtree, self.scratch, ignore_errors=True)
         with _process_state_kept(), _temp_dir(self.scratch), _split_over(tensor_parallel_size) as split:
@@ -175,15 +191,35 @@ class VLLMEngine:
             )
             for sample_id, limit in zip(sample_ids, limits, strict=True)
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False, lora_request=self.adapter
+        )
         return [list(out.outputs[0].token_ids) for out in outputs]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Reload the weights in place, consuming `weights` as vLLM's loader takes them (the engine runs in this
         process, so the stream is handed over as it is), then drop cached prefixes: their keys and values came from
-        the old ones."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        the old ones. An engine that applies adapters takes them instead (`_load_adapters`)."""
+        if self.adapters is not None:
+            self._load_adapters(dict(weights))
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()
+
+    def _load_adapters(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Make `tensors` (every adapter tensor, as `lora.export` sends them) the adapters every later request runs
+        with: written in PEFT's format to the scratch folder, where vLLM's LoRA loader reads them, under an id of their
+        own, and the previous ones dropped (an id names fixed weights: vLLM caches an adapter by it)."""
+        from vllm.lora.request import LoRARequest
+
+        previous = self.adapter
+        number = 1 if previous is None else previous.lora_int_id + 1
+        folder = lora.save_adapters(tensors, self.adapters, Path(self.scratch) / f"adapters-{number}")
+        self.adapter = LoRARequest(f"policy-{number}", number, str(folder))
+        self.llm.llm_engine.add_lora(self.adapter)
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
 
     def sleep(self) -> None:
         """On a GPU, offload the weights to host memory and discard the KV cache (sleep level 1); no-op on CPU."""
@@ -205,6 +241,16 @@ class VLLMEngine:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+def _lora_slot(rank: int) -> int:
+    """The rank of the adapter slot vLLM reserves for adapters of rank `rank`: the smallest it offers that holds
+    them."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    return min(slot for slot in get_args(MaxLoRARanks) if slot >= rank)
+
+
 def build(model_path: str, device: torch.device, max_model_len: int | None, options: EngineOptions) -> VLLMEngine:
     """The vllm backend's engine (`engine.make_engine`)."""
     return VLLMEngine(
@@ -213,4 +259,5 @@ def build(model_path: str, device: torch.device, max_model_len: int | None, opti
         max_model_len=max_model_len,
         gpu_memory_utilization=options.gpu_memory_utilization,
         tensor_parallel_size=options.tensor_parallel_size,
+        adapters=options.adapters,
     )

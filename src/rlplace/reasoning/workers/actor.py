@@ -7,7 +7,8 @@ the models (`rlplace.core.strategies`): a full replica each (ddp) or a shard eac
 inference groups receive full tensors, gathered bucket by bucket (`core.weights`), checkpoints hold every rank's part
 (`torch.distributed.checkpoint`, resumable under another rank count and strategy), and rank 0 writes the final model
 as an ordinary Hugging Face folder. With `actor.lora.rank` the policy trains low-rank adapters over frozen weights
-(`reasoning.lora`), and what leaves the actor (weight sync, the final model) has them merged.
+(`reasoning.lora`), and what leaves the actor (weight sync, the final model) has them merged, or weight sync sends
+them alone (`actor.lora.sync: adapters`).
 
 With runner.max_staleness = K > 0 a rank holds up to K steps' micro-batches received and not yet trained on
 (`pending`, part of its checkpoint). Their old log-probs are the behaviour policy's (the inference worker computed
@@ -73,7 +74,7 @@ class LLMActorWorker(Worker):
         """The policy's Hugging Face model, which writes the final model folder (`self.policy` is it, or its LoRA
         wrapper)."""
         self.policy = self._trainable(lora.adapt(self.model, actor.lora))
-        self.export = lora.export(self.policy)
+        self.export = lora.export(self.policy, actor.lora.sends_adapters)
         """How the policy's weights leave the actor: None as they are, or with its adapters merged."""
         self.optimizer = torch.optim.AdamW(lora.trained(self.policy), lr=alg.lr, weight_decay=alg.weight_decay)
         self.critic: ValueModel | None = None

@@ -3,9 +3,11 @@
 The old log-probs are recomputed here with the training model's own forward pass rather than taken from the
 engine (vLLM's kernels differ from training's in the last bits), so the PPO ratio starts at exactly 1 for the
 current weights. The reference model is the starting checkpoint, frozen; it is loaded only when
-`algorithm.kl_coef > 0`. The policy copy receives the actor's weights each step, as the rollout does, so its
-log-probs are always those of the weights that generated the responses: with runner.max_staleness > 0 they are the
-behaviour policy's, which the actor weighs its update by.
+`algorithm.kl_coef > 0`, and not at all when the actor sends LoRA adapters alone (`actor.lora.sync: adapters`): the
+policy copy then holds the base weights and the adapters, and scores the reference with the adapters off. The policy
+copy receives the actor's weights each step, as the rollout does, so its log-probs are always those of the weights
+that generated the responses: with runner.max_staleness > 0 they are the behaviour policy's, which the actor weighs
+its update by.
 
 The ranks hold both models as the actor's ranks hold the policy (`actor.strategy` and `actor.dtype`, `auto` resolved
 for this group's rank count): a full copy each (ddp), or under fsdp a shard each, gathered one unit at a time for a
@@ -20,8 +22,9 @@ import torch
 from rlplace.core.offload import HostCopies, move
 from rlplace.core.strategies.base import build_strategy
 from rlplace.core.weights import receive_weights
+from rlplace.reasoning import lora
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
-from rlplace.reasoning.config import ReasoningConfig
+from rlplace.reasoning.config import LoRAConfig, ReasoningConfig
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.reasoning.streams import SCORING_ROWS, consumer_key, micro_batches_of
 from rlplace.scheduler import Channel, Worker, timer
@@ -35,8 +38,11 @@ class InferenceWorker(Worker):
         self.strategy = build_strategy(name, self.world_size, self.device, cfg.actor.dtype)
         if self.strategy.collective_passes:
             self.init_process_group()
-        self.policy = self._frozen(model_path)
-        self.reference = self._frozen(model_path) if cfg.algorithm.kl_coef else None
+        adapters = cfg.actor.lora if cfg.actor.lora.sends_adapters else None
+        self.policy = self._frozen(model_path, adapters)
+        self.shared_reference = adapters is not None and bool(cfg.algorithm.kl_coef)
+        """The reference is the policy copy with its adapters off (`sync: adapters`), not a model of its own."""
+        self.reference = self._frozen(model_path) if cfg.algorithm.kl_coef and adapters is None else None
         self.host_copies = HostCopies()
         self.version = 0
 
@@ -53,17 +59,26 @@ class InferenceWorker(Worker):
             batch: SequenceBatch = inbox.get(key=f"inference{self.rank}")
             with self.span("inference"):
                 batch.old_logprobs = response_logprobs(self.policy, batch)
-                if self.reference is not None:
+                if self.shared_reference:
+                    with lora.without_adapters(self.policy):
+                        batch.ref_logprobs = response_logprobs(self.policy, batch)
+                elif self.reference is not None:
                     batch.ref_logprobs = response_logprobs(self.reference, batch)
             out.put(batch, key=consumer_key("actor", batch.index, self.actor_world_size))
         if self.strategy.collective_passes:  # the passes of the micro-batches rank 0 has more of
             missing = len(micro_batches_of(0, self.world_size, num_micro_batches)) - len(mine)
             rows = self.cfg.rollout.micro_batch_prompts * self.cfg.algorithm.group_size
-            keep_in_step(self._models(), missing, rows, self.device)
+            scored = [*self._models(), *([self.policy] if self.shared_reference else [])]
+            keep_in_step(scored, missing, rows, self.device)
         return len(mine)
 
-    def _frozen(self, model_path: str) -> torch.nn.Module:
-        return self.strategy.wrap(load_causal_lm(model_path, self.device).requires_grad_(False).eval(), trained=False)
+    def _frozen(self, model_path: str, adapters: LoRAConfig | None = None) -> torch.nn.Module:
+        """The model of `model_path`, with `adapters` added (`lora.inject`) where given, wrapped as the strategy holds
+        it, for scoring alone."""
+        model = load_causal_lm(model_path, self.device)
+        if adapters is not None:
+            model = lora.inject(model, adapters)
+        return self.strategy.wrap(model.requires_grad_(False).eval(), trained=False)
 
     @timer("offload")
     def offload(self) -> int:

@@ -52,6 +52,7 @@ class LLMRolloutWorker(Worker):
             cuda_graphs=cfg.rollout.cuda_graphs,
             compile_step=cfg.rollout.compile_step,
             tensor_parallel_size=split,
+            adapters=cfg.actor.lora if cfg.actor.lora.sends_adapters else None,
         )
         self.engine = make_engine(cfg.rollout.backend, model_path, self.device, options=options)
         self.source = make_prompt_source(cfg.task)
