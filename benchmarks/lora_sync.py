@@ -4,10 +4,11 @@ rollout engine then applies itself; how long a sync takes and what applying the 
 The Qwen2-shaped model of actor_memory.py (about 45 M parameters, random init, float32 on CPU) with rank-16 adapters on
 every linear layer (B drawn at random, as after training). Two rlplace workers on a local Ray cluster of 2 logical
 devices, a core each, as a disaggregated run places them: the actor's rank, which sends its weights with
-`broadcast_weights` (merging each bucket, or sending the adapters alone), and a rollout rank, whose engine (vLLM, or
-hf without it) loads them as they arrive (`received_tensors`, `load_weights`). Measured per sync mode: the megabytes a
-sync sends, a sync's seconds from the driver's call to both ranks done (median of 5), and the tokens per second of 64
-prompts answered with 32 sampled tokens each after the sync; and whether the two engines sampled the same tokens.
+`broadcast_weights` (merging each bucket, or sending the adapters alone), and a rollout rank, whose engine (hf, and
+vLLM where it is installed) loads them as they arrive (`received_tensors`, `load_weights`). Measured per backend and
+sync mode: the megabytes a sync sends, a sync's seconds from the driver's call to both ranks done (median of 5), and
+the tokens per second of 64 prompts answered with 32 sampled tokens each after the sync; and whether an engine
+sampled the same tokens in both modes.
 
     .venv/bin/python benchmarks/lora_sync.py
 """
@@ -42,7 +43,7 @@ SYNCS = ("merged", "adapters")
 BUCKET_MB = 64.0
 REPEAT = 5
 PROMPTS, PROMPT_TOKENS, NEW_TOKENS = 64, 32, 32
-BACKEND = "vllm" if importlib.util.find_spec("vllm") else "hf"
+BACKENDS = ("hf", "vllm") if importlib.util.find_spec("vllm") else ("hf",)
 
 
 class Sender(Worker):
@@ -71,10 +72,10 @@ class Sender(Worker):
 class Receiver(Worker):
     """A rollout rank's engine, applying the adapters itself under `sync: adapters`."""
 
-    def __init__(self, folder: str, sync: str) -> None:
+    def __init__(self, folder: str, backend: str, sync: str) -> None:
         settings = LoRAConfig(rank=RANK, alpha=2 * RANK, sync=sync)
         options = EngineOptions(adapters=settings if settings.sends_adapters else None)
-        self.engine = make_engine(BACKEND, folder, self.device, options=options)
+        self.engine = make_engine(backend, folder, self.device, options=options)
 
     def receive(self) -> int:
         version, tensors = received_tensors(self, "actor")
@@ -108,9 +109,11 @@ def on_device(device: int) -> list[Placement]:
     ]
 
 
-def measure(cluster: Cluster, folder: str, sync: str) -> dict:
+def measure(cluster: Cluster, folder: str, backend: str, sync: str) -> dict:
     sender = Sender.create_group(folder, sync).launch(cluster, name="actor", placement_strategy=on_device(0))
-    receiver = Receiver.create_group(folder, sync).launch(cluster, name="rollout", placement_strategy=on_device(1))
+    receiver = Receiver.create_group(folder, backend, sync).launch(
+        cluster, name="rollout", placement_strategy=on_device(1)
+    )
     sent = sender.sent_bytes().wait(timeout=600)[0]
     seconds = []
     for version in range(1, REPEAT + 1):
@@ -132,23 +135,28 @@ def main() -> None:
         Qwen2ForCausalLM(CONFIG).save_pretrained(folder)
         build_char_tokenizer().save_pretrained(folder)  # engines load one; prompts are token ids below its vocabulary
         with Cluster(ClusterConfig(num_devices_per_node=2)) as cluster:
-            results = {sync: measure(cluster, str(folder), sync) for sync in SYNCS}
-    merged = results["merged"]
-    same = sum(a == b for a, b in zip(merged["tokens"], results["adapters"]["tokens"], strict=True))
+            results = {
+                (backend, sync): measure(cluster, str(folder), backend, sync) for backend in BACKENDS for sync in SYNCS
+            }
     lines = [
-        "| actor.lora.sync | sent per sync | sync (median) | generation tokens/s | vs merged |",
-        "|---|---:|---:|---:|---:|",
+        "| backend | actor.lora.sync | sent per sync | sync (median) | generation tokens/s | vs merged |",
+        "|---|---|---:|---:|---:|---:|",
     ]
-    for sync, found in results.items():
+    same = []
+    for (backend, sync), found in results.items():
+        merged = results[backend, "merged"]
         tokens_per_s = PROMPTS * NEW_TOKENS / found["generate_s"]
         lines.append(
-            f"| {sync} | {found['sent'] / 1e6:,.1f} MB | {found['sync_s']:.3f} s | {tokens_per_s:,.0f} | "
+            f"| {backend} | {sync} | {found['sent'] / 1e6:,.1f} MB | {found['sync_s']:.3f} s | {tokens_per_s:,.0f} | "
             f"{merged['generate_s'] / found['generate_s']:.2f}x |"
         )
+        if sync != "merged":
+            matching = sum(a == b for a, b in zip(merged["tokens"], found["tokens"], strict=True))
+            same.append(f"{backend} {matching} of {PROMPTS}")
     caption = (
         f"A {TransformerShape.from_config(CONFIG.to_dict()).parameters() / 1e6:.0f} M-parameter Qwen2 shape with "
-        f"rank-{RANK} adapters on every linear layer, actor and {BACKEND} rollout on a core each (local Ray); "
-        f"{same} of {PROMPTS} sampled responses the same in both modes."
+        f"rank-{RANK} adapters on every linear layer, the actor and a rollout rank on a core each (local Ray); "
+        f"sampled responses the same with the adapters sent alone as merged: {', '.join(same)}."
     )
     publish("lora_sync.py", caption, lines)
 
