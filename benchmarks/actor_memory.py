@@ -43,6 +43,7 @@ from rlplace.reasoning import lora
 from rlplace.reasoning.batch import SequenceBatch, response_logprobs
 from rlplace.reasoning.config import LoRAConfig
 from rlplace.reasoning.generation.hf import HFEngine
+from rlplace.reasoning.models.char_tokenizer import build_char_tokenizer
 from rlplace.reasoning.update import optimizer_step
 
 CONFIG = Qwen2Config(
@@ -69,6 +70,15 @@ GRADS = ("GRAD", "SHARDED_GRAD", "UNSHARDED_GRAD")
 HELD = "held"
 WORKING = ("ACT", "TEMP", "ALL_GATHER", "REDUCE_SCATTER")
 """What a pass holds beyond the training state: activations, temporaries, collective buffers."""
+
+
+def engine_folder(folder: Path) -> Path:
+    """The model of `CONFIG` (random init, seed 0) written into `folder` as an engine loads it: with the character
+    tokenizer, which the engines load; the benchmarks' prompts are token ids below its vocabulary."""
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(CONFIG).save_pretrained(folder)
+    build_char_tokenizer().save_pretrained(folder)
+    return folder
 
 
 def predicted(strategy: str, world_size: int, lora_rank: int = 0) -> tuple[int, int, int]:

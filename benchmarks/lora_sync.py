@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 
 import torch
-from actor_memory import CONFIG
+from actor_memory import CONFIG, engine_folder
 from results import publish
-from transformers import Qwen2ForCausalLM
 
 from rlplace.core.config import ClusterConfig
 from rlplace.core.weights import broadcast_weights, received_tensors
@@ -34,7 +33,6 @@ from rlplace.planner.memory import TransformerShape
 from rlplace.reasoning import lora
 from rlplace.reasoning.config import LoRAConfig
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
-from rlplace.reasoning.models.char_tokenizer import build_char_tokenizer
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
 from rlplace.scheduler import Cluster, Worker
 
@@ -130,10 +128,7 @@ def measure(cluster: Cluster, folder: str, backend: str, sync: str) -> dict:
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch) / "model"
-        torch.manual_seed(0)
-        Qwen2ForCausalLM(CONFIG).save_pretrained(folder)
-        build_char_tokenizer().save_pretrained(folder)  # engines load one; prompts are token ids below its vocabulary
+        folder = engine_folder(Path(scratch) / "model")
         with Cluster(ClusterConfig(num_devices_per_node=2)) as cluster:
             results = {
                 (backend, sync): measure(cluster, str(folder), backend, sync) for backend in BACKENDS for sync in SYNCS

@@ -24,12 +24,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from actor_memory import CONFIG
+from actor_memory import engine_folder
 from results import write_section
 from transformers import Qwen2ForCausalLM
 
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
-from rlplace.reasoning.models.char_tokenizer import build_char_tokenizer
 
 PROMPTS, PROMPT_TOKENS, NEW_TOKENS = 64, 32, 32
 SIZES = (1, 2)
@@ -57,10 +56,7 @@ def rank_run(rank: int, size: int, folder: str, out: str) -> None:
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch) / "model"
-        torch.manual_seed(0)
-        Qwen2ForCausalLM(CONFIG).save_pretrained(folder)
-        build_char_tokenizer().save_pretrained(folder)  # vLLM loads one; prompts are token ids below its vocabulary
+        folder = engine_folder(Path(scratch) / "model")
         results = {}
         for size in SIZES:
             mp.spawn(rank_run, args=(size, str(folder), scratch), nprocs=size)
