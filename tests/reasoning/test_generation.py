@@ -247,8 +247,28 @@ def test_load_weights_in_place_switches_both_engines_to_the_new_model(models, hf
         assert _greedy(engine, models.prompts) == before
 
 
+class AdapterEngine(Worker):
+    """A rollout rank's engine that applies LoRA adapters over the model folder's weights (`actor.lora.sync:
+    adapters`), in a process of its own: a second vLLM engine in this process would share vLLM's process-wide state
+    with the module's, and closing it would take that state down."""
+
+    def __init__(self, backend: str, model_path: str, settings: LoRAConfig) -> None:
+        self.engine = make_engine(backend, model_path, self.device, options=EngineOptions(adapters=settings))
+
+    def generate(self, prompts: list[list[int]], temperature: float) -> list[list[int]]:
+        return _sample(self.engine, prompts, temperature)
+
+    def load(self, adapters: dict[str, torch.Tensor]) -> None:
+        self.engine.load_weights(adapters.items())
+
+    def close(self) -> None:
+        self.engine.close()
+
+
 @pytest.mark.slow
-def test_an_engine_given_lora_adapters_alone_generates_what_the_merged_model_does(models, hf, vllm):
+def test_an_engine_given_lora_adapters_alone_generates_what_the_merged_model_does(
+    models, hf, vllm, vllm_built, session_ray: SessionRay
+):
     """`actor.lora.sync: adapters`: an engine that applies the adapters over the folder's weights samples, greedy and
     at temperature 1, the tokens the engine given the merged weights samples; each update replaces the adapters (an
     update of zero adapters brings the base model back)."""
@@ -261,22 +281,29 @@ def test_an_engine_given_lora_adapters_alone_generates_what_the_merged_model_doe
                 parameter.normal_(std=0.2)
     alone = lora.export(policy, adapters_alone=True)
     adapters = alone.convert({name: t for name, t in policy.state_dict().items() if alone.keep(name)})
+    zero = {name: torch.zeros_like(t) if ".lora_B." in name else t for name, t in adapters.items()}
     merged = lora.export(policy).convert(policy.state_dict()).items()
-    base = _greedy(hf, models.prompts)
-    for backend, plain in (("hf", hf), ("vllm", vllm)):
-        engine = make_engine(backend, str(models.sums), "cpu", options=EngineOptions(adapters=settings))
-        try:
-            assert _greedy(engine, models.prompts) == base
-            engine.load_weights(adapters.items())
+    base = _sample(hf, models.prompts, 0.0)
+    with environment(vllm_built.environ):
+        session_ray.start()
+    cluster = Cluster(ClusterConfig())
+    try:
+        for backend, plain in (("hf", hf), ("vllm", vllm)):
+            engine = AdapterEngine.create_group(backend, str(models.sums), settings).launch(
+                cluster, name=f"adapters_{backend}", placement_strategy=on_devices((0,))
+            )
+            assert engine.generate(models.prompts, 0.0).wait(timeout=120) == [base]
+            engine.load(adapters).wait(timeout=120)
             plain.load_weights(merged)
-            for temperature in (0.0, 1.0):
-                assert _sample(engine, models.prompts, temperature) == _sample(plain, models.prompts, temperature)
-            assert _greedy(engine, models.prompts) != base
-            engine.load_weights((n, torch.zeros_like(t) if ".lora_B." in n else t) for n, t in adapters.items())
-            assert _greedy(engine, models.prompts) == base
-        finally:
-            engine.close()
+            expected = [_sample(plain, models.prompts, temperature) for temperature in (0.0, 1.0)]
             plain.load_weights(load_causal_lm(models.sums).state_dict().items())
+            assert [engine.generate(models.prompts, t).wait(timeout=120)[0] for t in (0.0, 1.0)] == expected
+            assert expected[0] != base
+            engine.load(zero).wait(timeout=120)
+            assert engine.generate(models.prompts, 0.0).wait(timeout=120) == [base]
+            engine.terminate()  # which closes the engine
+    finally:
+        cluster.shutdown()
 
 
 @pytest.mark.slow
