@@ -123,6 +123,24 @@ def test_adapters_sent_alone_shrink_the_sync_and_the_inference_group_drops_its_r
     assert sharded[0].in_phase("sync_weights") - sharded[1].in_phase("sync_weights") == whole_model - 4 * adapters
 
 
+def test_a_critic_without_adapters_holds_the_state_of_every_weight(model_path):
+    """actor.lora.critic = false: PPO's critic trains every weight of its backbone (12 bytes each between updates)
+    where with adapters it holds them frozen (4 bytes each) beside its adapters' state."""
+    overrides = [
+        "experiment=arithmetic_grpo",
+        f"model.path={model_path}",
+        "algorithm=reasoning_ppo",
+        "actor.lora.rank=4",
+    ]
+    adapted, whole = (
+        predict_memory(*_plan([*overrides, f"actor.lora.critic={critic}"])).usage["actor"]
+        for critic in ("true", "false")
+    )
+    shape = TransformerShape.from_config(json.loads((model_path / "config.json").read_text()))
+    backbone = shape.parameters(head=False)
+    assert whole.resident - adapted.resident == 8 * backbone - 12 * shape.lora_parameters(4, ["all-linear"])
+
+
 def test_an_engine_split_over_ranks_holds_its_share_of_the_weights_and_keys_on_each(model_path):
     """rollout.tensor_parallel_size = 2: each rollout rank holds half the engine's weights and half its key/value
     heads (the tiny LM has 2), and in weight sync still takes whole buckets; with 4 ranks to an engine each still holds

@@ -19,6 +19,7 @@ from rlplace.planner.memory import TransformerShape
 from rlplace.reasoning import lora
 from rlplace.reasoning.config import LoRAConfig
 from rlplace.reasoning.models.tiny_lm import build_tiny_lm, load_causal_lm
+from rlplace.reasoning.models.value_model import ValueModel
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +91,19 @@ def test_adapters_sent_alone_load_into_an_injected_copy_and_peft_reads_them_save
 
     saved = PeftModel.from_pretrained(load_causal_lm(folder), lora.save_adapters(sent, settings, tmp_path / "a"))
     assert torch.equal(saved(input_ids=ids).logits, expected)
+
+
+@pytest.mark.parametrize("critic", [True, False])
+def test_the_critic_trains_adapters_or_every_weight_as_asked(folder: Path, critic: bool) -> None:
+    # `actor.lora.critic`: adapters on the backbone (the value head in full), or the whole critic, as verl trains it
+    # unless its critic.model.lora_rank is set.
+    model = lora.adapt_critic(ValueModel.from_pretrained(folder), LoRAConfig(rank=4, critic=critic))
+    names = {name for name, _ in model.named_parameters()}
+    trained = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    if critic:
+        assert trained == {name for name in names if lora.is_adapter(name)} | {"value_head.weight", "value_head.bias"}
+    else:
+        assert trained == names and not any(lora.is_adapter(name) for name in names)
 
 
 def test_lora_sync_settings_are_checked() -> None:

@@ -515,12 +515,13 @@ def test_bad_input_is_refused_before_workers_start(
         (
             "actor.lora.rank=4",
             r"it was written with actor.lora = \{'rank': 8, .*\}, this run has \{'rank': 4, 'alpha': 16, "
-            r"'target_modules': \['all-linear'\]\}",
+            r"'target_modules': \['all-linear'\], 'critic': True\}",
         ),
         ("actor.lora.rank=0", r"it was written with actor.lora = \{'rank': 8, .*\}, this run has None"),
+        ("actor.lora.critic=false", r"it was written with actor.lora = \{.*'critic': True\}, this run has \{.*False\}"),
         ("an embodied run", r"not a checkpoint of the reasoning family \(no reasoning state in its runner.json\)"),
     ],
-    ids=["prompts_per_step", "algorithm", "staleness", "model_shape", "lora", "no_lora", "embodied"],
+    ids=["prompts_per_step", "algorithm", "staleness", "model_shape", "lora", "no_lora", "lora_critic", "embodied"],
 )
 def test_check_checkpoint_refuses_a_checkpoint_this_run_cannot_continue(
     change: str, message: str, model_path: Path, tmp_path: Path, compose_cfg

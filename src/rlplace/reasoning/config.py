@@ -320,6 +320,9 @@ class LoRAConfig:
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     """The linear layers adapted, by name (`[q_proj,v_proj]`), or `[all-linear]`: every linear layer but the output
     head; checked against the model before anything starts."""
+    critic: bool = True
+    """PPO's critic's backbone gets adapters too (OpenRLHF's `--lora_rank` adapts both models); false: the critic
+    trains every weight (verl's default, where `critic.model.lora_rank` is a setting of its own)."""
     sync: str = "merged"
     """What weight sync sends the rollout engines and the inference group: `merged` (each adapted weight merged, W +
     s · B A: the receivers run an ordinary model) or `adapters` (the adapters alone, a few percent of the weights:
@@ -339,9 +342,11 @@ class LoRAConfig:
     def enabled(self) -> bool:
         return self.rank > 0
 
-    def adapters(self) -> dict[str, object]:
-        """What the adapters are (what a checkpoint's must match), without how they are sent."""
-        return {"rank": self.rank, "alpha": self.alpha, "target_modules": list(self.target_modules)}
+    def adapters(self, critic: bool) -> dict[str, object]:
+        """What the adapters are (what a checkpoint's must match), with whether the critic has them where there is
+        one (`critic`), without how they are sent."""
+        found: dict[str, object] = {"rank": self.rank, "alpha": self.alpha, "target_modules": list(self.target_modules)}
+        return {**found, "critic": self.critic} if critic else found
 
     @property
     def sends_adapters(self) -> bool:

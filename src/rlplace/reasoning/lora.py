@@ -121,9 +121,10 @@ def trained(model: nn.Module) -> list[nn.Parameter]:
 
 def adapt_critic(critic: ValueModel, settings: LoRAConfig) -> ValueModel:
     """PPO's critic with adapters on its backbone as `settings` say (OpenRLHF's `--lora_rank` adapts both models; the
-    value head, new and small, trains in full), or as it is when they are off. Its weights never leave the actor, so
-    nothing merges them."""
-    critic.backbone = adapt(critic.backbone, settings)
+    value head, new and small, trains in full), or as it is when they are off or kept off the critic
+    (`settings.critic`). Its weights never leave the actor, so nothing merges them."""
+    if settings.critic:
+        critic.backbone = adapt(critic.backbone, settings)
     return critic
 
 

@@ -257,7 +257,7 @@ def _actor(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_len: i
     adapters = _adapters(cfg, shape)
     models = [(True, adapters)]  # the policy, and the critic (without an LM head; its value head is a rounding error)
     if cfg.algorithm.has_critic:
-        models.append((False, adapters))
+        models.append((False, adapters if cfg.actor.lora.critic else None))
     resident = sum(shape.state_bytes(ranks if sharded else 1, head, trained) for head, trained in models)
     state = sum(shape.training_state_bytes(ranks, sharded, compute, head, trained) for head, trained in models)
     rows = cfg.task.prompts_per_step * cfg.algorithm.group_size // ranks // cfg.algorithm.num_minibatches
