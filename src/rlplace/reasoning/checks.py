@@ -47,10 +47,10 @@ def check_reasoning(cfg: ReasoningConfig, placement: ComponentPlacement) -> None
     check_tensor_parallel(cfg)
     check_placement(cfg, placement, source)
     backend = BACKENDS[rollout.backend]
-    adapters = cfg.actor.lora
-    if adapters.sends_adapters and backend.max_adapter_rank is not None and adapters.rank > backend.max_adapter_rank:
+    lora = cfg.actor.lora
+    if lora.sends_adapters and backend.max_adapter_rank is not None and lora.rank > backend.max_adapter_rank:
         raise ConfigError(
-            f"actor.lora.rank = {adapters.rank} is invalid with actor.lora.sync = adapters: the {rollout.backend} "
+            f"actor.lora.rank = {lora.rank} is invalid with actor.lora.sync = adapters: the {rollout.backend} "
             f"backend applies adapters of rank {backend.max_adapter_rank} at most (valid: that or less, or "
             "actor.lora.sync = merged)"
         )

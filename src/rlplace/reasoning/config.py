@@ -342,11 +342,11 @@ class LoRAConfig:
     def enabled(self) -> bool:
         return self.rank > 0
 
-    def adapters(self, critic: bool) -> dict[str, object]:
-        """What the adapters are (what a checkpoint's must match), with whether the critic has them where there is
-        one (`critic`), without how they are sent."""
+    def identity(self, has_critic: bool) -> dict[str, object]:
+        """What the adapters are, which a checkpoint's must match: their shape and, where there is a critic, whether
+        it has them too; not how weight sync sends them."""
         found: dict[str, object] = {"rank": self.rank, "alpha": self.alpha, "target_modules": list(self.target_modules)}
-        return {**found, "critic": self.critic} if critic else found
+        return {**found, "critic": self.critic} if has_critic else found
 
     @property
     def sends_adapters(self) -> bool:

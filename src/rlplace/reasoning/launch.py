@@ -171,7 +171,7 @@ def checkpoint_identity(cfg: ReasoningConfig, model_path: Path) -> dict[str, Any
         "task.prompts_per_step": cfg.task.prompts_per_step,
         "algorithm.name": cfg.algorithm.name,
         **{f"the model's {key}": model.get(key) for key in MODEL_SHAPE_KEYS},
-        LORA_KEY: cfg.actor.lora.adapters(cfg.algorithm.has_critic) if cfg.actor.lora.enabled else None,
+        LORA_KEY: cfg.actor.lora.identity(cfg.algorithm.has_critic) if cfg.actor.lora.enabled else None,
         "runner.max_staleness": cfg.runner.max_staleness,
     }
     if cfg.runner.max_staleness:

@@ -54,8 +54,8 @@ class HFEngine:
         self.model = load_causal_lm(model_path, device, dtype)
         if adapters is not None:
             lora.inject(self.model, adapters)
-        self.loaded = lora.is_adapter if adapters is not None else None
-        """Which of the model's tensors `load_weights` replaces: all, or the adapters."""
+        self.replaced = lora.is_adapter if adapters is not None else None
+        """Which of the model's tensors `load_weights` replaces (by name): the adapters, or all (None)."""
         config = self.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings
         self.eos_ids = eos_ids(model_path, config)
@@ -141,7 +141,7 @@ class HFEngine:
         """Copy each tensor into the model's tensor of that name as it comes, in place, so captured graphs, which point
         at the parameters, decode with the new weights. Strict, as `load_state_dict` is: every name must be the
         model's, and every tensor of the model must come (every adapter tensor, when it applies adapters)."""
-        state = {n: t for n, t in self.model.state_dict().items() if self.loaded is None or self.loaded(n)}
+        state = {n: t for n, t in self.model.state_dict().items() if self.replaced is None or self.replaced(n)}
         missing = set(state)
         for name, tensor in weights:
             if name not in state:
