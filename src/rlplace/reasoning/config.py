@@ -343,10 +343,11 @@ class LoRAConfig:
         return self.rank > 0
 
     def identity(self, has_critic: bool) -> dict[str, object]:
-        """What the adapters are, which a checkpoint's must match: their shape and, where there is a critic, whether
-        it has them too; not how weight sync sends them."""
+        """What the adapters are, which a checkpoint's must match: their shape and, where a critic trains every weight
+        beside them, `critic: false` (a critic with adapters, the default, is what checkpoints written before the
+        choice existed hold, so they still match); not how weight sync sends them."""
         found: dict[str, object] = {"rank": self.rank, "alpha": self.alpha, "target_modules": list(self.target_modules)}
-        return {**found, "critic": self.critic} if has_critic else found
+        return {**found, "critic": False} if has_critic and not self.critic else found
 
     @property
     def sends_adapters(self) -> bool:

@@ -163,9 +163,9 @@ def runner(cfg: ReasoningConfig, starting: StartingRun, context: RunContext) -> 
 def checkpoint_identity(cfg: ReasoningConfig, model_path: Path) -> dict[str, Any]:
     """What a checkpoint must share with the run that resumes it: the prompts per step (which prompts and sample
     ids each step draws), the algorithm (whether there is a critic to restore), the model's shapes (the saved
-    weights must fit), its LoRA adapters (null without: checkpoints written before they existed have none; with a
-    critic, whether it has them too) and the staleness K (the checkpoint holds the K steps' micro-batches generated
-    ahead, cut into micro-batches of its rollout.micro_batch_prompts)."""
+    weights must fit), its LoRA adapters (null without: checkpoints written before they existed have none; `critic:
+    false` where PPO's critic trains every weight beside them) and the staleness K (the checkpoint holds the K steps'
+    micro-batches generated ahead, cut into micro-batches of its rollout.micro_batch_prompts)."""
     model = json.loads((model_path / "config.json").read_text())
     identity = {
         "task.prompts_per_step": cfg.task.prompts_per_step,
