@@ -42,6 +42,7 @@ from rlplace.planner import Curve, Prediction, Profile, Resources, Work, busiest
 from rlplace.planner.layout import component_devices, process_resources
 from rlplace.planner.profile import load_model as planner_load_model
 from rlplace.planner.switches import SwitchCosts
+from rlplace.reasoning.algorithms import ALGORITHMS
 from rlplace.reasoning.checks import check_placement
 from rlplace.reasoning.config import COMPONENTS, FAMILY, OFFLOAD_SWITCHES, ReasoningConfig
 from rlplace.reasoning.memory import engine_splits
@@ -208,10 +209,15 @@ class StepModel:
                 f"over {profiled_split})"
             )
         profiled_lora = self.config.get("lora_rank", 0)  # profiles written before LoRA trained the whole policy
-        if run.get("lora_rank", 0) != profiled_lora:
+        # Profiles written before actor.lora.critic adapted a critic wherever they trained adapters.
+        profiled_critic = self.config.get(
+            "lora_critic", profiled_lora > 0 and ALGORITHMS[self.config["algorithm"]].critic
+        )
+        if (run.get("lora_rank", 0), run.get("lora_critic", False)) != (profiled_lora, profiled_critic):
             assumptions.append(
                 "an update costs what it cost the profiled run, which trained "
                 + (f"LoRA adapters of rank {profiled_lora}" if profiled_lora else "the whole policy")
+                + (" on the policy and the critic" if profiled_critic else "")
             )
         profiled_alone = self.config.get("lora_sync") == "adapters"
         if (run.get("lora_sync") == "adapters") != profiled_alone:

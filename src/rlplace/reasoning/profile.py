@@ -43,6 +43,7 @@ def shape(cfg: ReasoningConfig) -> dict[str, Any]:
         "max_tokens_per_micro_batch": cfg.actor.max_tokens_per_micro_batch,
         "lora_rank": cfg.actor.lora.rank,
         "lora_sync": cfg.actor.lora.sync if cfg.actor.lora.enabled else None,
+        "lora_critic": cfg.actor.lora.enabled and cfg.algorithm.has_critic and cfg.actor.lora.critic,
         "algorithm": cfg.algorithm.name,
         "max_staleness": cfg.runner.max_staleness,
         "offload": cfg.offloadable,

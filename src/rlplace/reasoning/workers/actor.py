@@ -75,7 +75,8 @@ class LLMActorWorker(Worker):
         wrapper)."""
         self.policy = self._trainable(lora.adapt(self.model, actor.lora))
         self.export = lora.export(self.policy, actor.lora.sends_adapters)
-        """How the policy's weights leave the actor: None as they are, or with its adapters merged."""
+        """How the policy's weights leave the actor: None as they are, with its adapters merged, or the adapters
+        alone (`actor.lora.sync: adapters`)."""
         self.optimizer = torch.optim.AdamW(lora.trained(self.policy), lr=alg.lr, weight_decay=alg.weight_decay)
         self.critic: ValueModel | None = None
         self.critic_optimizer: torch.optim.Optimizer | None = None
