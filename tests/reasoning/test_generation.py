@@ -31,9 +31,11 @@ from rlplace.reasoning.config import LoRAConfig, MultiTurnConfig
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine, sequence_seed
 from rlplace.reasoning.generation.hf import HFEngine
 from rlplace.reasoning.generation.replicas import Replica
-from rlplace.reasoning.generation.turns import ToolCalling
+from rlplace.reasoning.generation.turns import MultiTurn
+from rlplace.reasoning.interactions import RETRY_TEXT
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm
 from rlplace.reasoning.models.tokenizer import load_tokenizer
+from rlplace.reasoning.rewards import reward_function
 from rlplace.reasoning.streams import micro_batches_of
 from rlplace.reasoning.tasks.prompts import Problem
 from rlplace.scheduler import Cluster, Worker, WorkerGroup
@@ -465,10 +467,15 @@ def looked_up_sum(call: str, extra) -> str:
     return str(extra["sum"])
 
 
-def _tool_calling(models: TrainedModels, **settings) -> ToolCalling:
+def _tool_calling(models: TrainedModels, **settings) -> MultiTurn:
     """The sums model asked "a+b" (no "="): it writes "=" next, the call's end; the tool answers the sum."""
     defaults = {"tool": f"{__name__}:looked_up_sum", "call_end": "=", "response_template": "{result}"}
-    return ToolCalling(load_tokenizer(models.sums), MultiTurnConfig(**{**defaults, **settings}))
+    return _multi_turn(models, **{**defaults, **settings})
+
+
+def _multi_turn(models: TrainedModels, **settings) -> MultiTurn:
+    tokenizer = load_tokenizer(models.sums)
+    return MultiTurn(tokenizer, MultiTurnConfig(**settings), reward_function("exact_match"), chat=False)
 
 
 def test_a_response_made_in_turns_holds_the_tools_answers_masked(models, engine):
@@ -500,9 +507,11 @@ def test_a_response_made_in_turns_holds_the_tools_answers_masked(models, engine)
 
 
 def test_sampled_turns_are_keyed_per_sequence_not_per_batch(models, engine):
+    """A response made in turns with a tool and an interaction (whose replies read the turns so far) is the same
+    whichever rows are generated beside it."""
     prompts, ids = [p[:-1] for p in models.prompts[:8]], list(range(100, 108))
     problems = [Problem(f"{a}+{b}", str(a + b), {"sum": a + b}) for a, b in PAIRS[:8]]
-    calling = _tool_calling(models)
+    calling = _tool_calling(models, interaction=f"{__name__}:counted", max_user_turns=2)
 
     def sample(order):
         turns = calling.generate(
@@ -510,16 +519,84 @@ def test_sampled_turns_are_keyed_per_sequence_not_per_batch(models, engine):
             [prompts[i] for i in order],
             [ids[i] for i in order],
             [problems[i] for i in order],
-            max_new_tokens=8,
+            max_new_tokens=12,
             temperature=1.5,
             seed=7,
         )
-        made = zip(map(tuple, turns.responses), map(tuple, turns.tool_masks), strict=True)
+        made = zip(map(tuple, turns.responses), map(tuple, turns.tool_masks), turns.scores, strict=True)
         return dict(zip(order, made, strict=True))
 
     batch = sample(range(8))
     assert sample(range(7, -1, -1)) == batch == {i: sample([i])[i] for i in range(8)}
-    assert any(1 in mask for _, mask in batch.values())
+    assert any(1 in mask for _, mask, _ in batch.values()) and any(score for _, _, score in batch.values())
+
+
+def counted(prompt: str, turns, answer: str, extra) -> tuple[bool, str, float]:
+    """An interaction of the tests (`rollout.multi_turn.interaction`): never ends an episode; replies with the number
+    of turns the model has ended; scores each turn 0.5, and a correct first one 1 more."""
+    return False, str(len(turns)), 0.5 + (len(turns) == 1 and turns[0] == answer)
+
+
+def _feedback_runs(response: list[int], mask: list[int]) -> list[list[int]]:
+    """The runs of tokens a response's mask marks as not the model's."""
+    runs: list[list[int]] = []
+    for i, (token, marked) in enumerate(zip(response, mask, strict=True)):
+        if marked:
+            if i and mask[i - 1]:
+                runs[-1].append(token)
+            else:
+                runs.append([token])
+    return runs
+
+
+def test_an_interaction_replies_to_each_turn_the_model_ends(models, engine):
+    """Each turn the model ends (EOS) is scored and, until max_user_turns replies, answered with the interaction's
+    text, marked as not the model's, after which the model writes on; the first turn is the one-turn response; a
+    limit of new tokens counts the replies too."""
+    tokenizer = load_tokenizer(models.sums)
+    problems = [Problem(f"{a}+{b}=", str(a + b)) for a, b in PAIRS]
+    alone = _greedy(engine, models.prompts, max_new_tokens=16)
+    turns = _multi_turn(models, interaction=f"{__name__}:counted", max_user_turns=2).generate(
+        engine, models.prompts, list(range(16)), problems, max_new_tokens=16, temperature=0.0, seed=0
+    )
+    ended = 0
+    for row, (a, b) in enumerate(PAIRS):
+        response, mask = turns.responses[row], turns.tool_masks[row]
+        assert response[: len(alone[row])] == alone[row] and not any(mask[: len(alone[row])])
+        runs = _feedback_runs(response, mask)
+        assert [tokenizer.decode(run) for run in runs] == [str(t + 1) for t in range(len(runs))]
+        assert turns.user_turns[row] == len(runs) <= 2
+        model_eos = sum(t == EOS and not m for t, m in zip(response, mask, strict=True))
+        first_correct = tokenizer.decode(alone[row], skip_special_tokens=True) == str(a + b)
+        assert turns.scores[row] == 0.5 * model_eos + first_correct
+        ended += model_eos == 3 and len(response) < 16
+    assert sum(turns.user_turns) >= 16 and ended  # the model wrote on after replies, some to a third end
+    cut = _multi_turn(models, interaction=f"{__name__}:counted", max_user_turns=2).generate(
+        engine, models.prompts, list(range(16)), problems, max_new_tokens=6, temperature=0.0, seed=0
+    )
+    assert cut.responses == [r[:6] for r in turns.responses]
+
+
+def test_retry_answers_a_wrong_turn_and_ends_at_a_correct_one(models, engine):
+    """`retry` with the run's reward (exact_match): a correct first answer is the whole response; a wrong one is told
+    so (cut to max_response_tokens) and answered again."""
+    tokenizer = load_tokenizer(models.sums)
+    wrong = [(a, b + 1) for a, b in PAIRS]  # the model answers a+b, marked wrong against a+b+1
+    problems = [Problem(f"{a}+{b}=", str(a + b)) for a, b in PAIRS + wrong]
+    prompts = models.prompts * 2
+    alone = _greedy(engine, prompts, max_new_tokens=24)
+    turns = _multi_turn(models, interaction="retry", max_user_turns=1, max_response_tokens=8).generate(
+        engine, prompts, list(range(32)), problems, max_new_tokens=24, temperature=0.0, seed=0
+    )
+    for row, problem in enumerate(problems):
+        response, mask = turns.responses[row], turns.tool_masks[row]
+        correct = tokenizer.decode(alone[row], skip_special_tokens=True) == problem.answer
+        if correct or alone[row][-1] != EOS:
+            assert response == alone[row] and turns.user_turns[row] == 0
+        else:
+            assert [tokenizer.decode(run) for run in _feedback_runs(response, mask)] == [RETRY_TEXT[:8]]
+            assert turns.user_turns[row] == 1 and turns.scores[row] == 0.0
+    assert 0 < sum(turns.user_turns) < 32
 
 
 def test_a_call_end_of_several_tokens_is_refused(models):

@@ -1,13 +1,14 @@
 """The reasoning placements give the same metrics: `sweep=reasoning_placements` on tiny settings, one step off, with
 dynamic sampling, Dr. GRPO's loss, a KL to the reference model, a sharded actor and inference group, token-budget
-micro-batches and tool calls, as a user runs it (a module of its own, so that it runs beside the embodied sweeps of
-tests/test_report.py rather than after them).
+micro-batches, tool calls and an interaction, as a user runs it (a module of its own, so that it runs beside the
+embodied sweeps of tests/test_report.py rather than after them).
 
-Responses are made in turns with a tool (`rollout.multi_turn`), so they hold the tool's tokens, which the update
-reads as context and does not train on. The sweep's disaggregated and hybrid jobs run: they train the sharded policy
-on 1 and 2 actor ranks, and the hybrid job offloads its rollout while inference scores. The collocated job (4
-components on each of 4 devices: 16 worker processes, more than the other two together) is left out; collocated runs
-are compared with other placements in tests/reasoning/test_runner.py."""
+Responses are made in turns with a tool and an interaction (`rollout.multi_turn`), so they hold the tool's and the
+interaction's tokens, which the update reads as context and does not train on, and the interaction's scores join the
+reward. The sweep's disaggregated and hybrid jobs run: they train the sharded policy on 1 and 2 actor ranks, and the
+hybrid job offloads its rollout while inference scores. The collocated job (4 components on each of 4 devices: 16
+worker processes, more than the other two together) is left out; collocated runs are compared with other placements
+in tests/reasoning/test_runner.py."""
 
 from __future__ import annotations
 
@@ -48,7 +49,15 @@ REASONING = [  # sweep=reasoning_placements on the tiny settings, one step off o
     "rollout.multi_turn.tool=calculator",  # responses made in turns, the tool's tokens masked out of the update:
     "rollout.multi_turn.call_end=1",  # a call ends at a digit the tiny model writes often; the tool's answer (an
     "rollout.multi_turn.max_response_tokens=2",  # error, cut to 2 tokens) goes in and the model writes on after it
+    "rollout.multi_turn.max_user_turns=1",  # and an interaction (INTERACTION) answers the first turn the model ends
 ]
+INTERACTION = """
+def graded(prompt, turns, answer, extra):
+    correct = turns[-1].strip() == answer
+    return correct, "no", float(correct) / len(turns)
+"""
+"""The interaction of the sweep: a correct turn ends the episode, scoring 1 on the first try and 1/2 on the second; a
+wrong one reads "no" and tries again."""
 REASONING_COMPARED = (
     "rollout/filtered_groups",
     "rollout/generation_rounds",
@@ -59,6 +68,8 @@ REASONING_COMPARED = (
     "rollout/response_length",
     "rollout/clip_ratio",
     "rollout/tool_calls",
+    "rollout/user_turns",
+    "reward/interaction",
     "eval/accuracy",
     "eval/best@2",
 )
@@ -71,7 +82,14 @@ def test_the_reasoning_placements_give_the_same_metrics(tmp_path: Path) -> None:
     # differently from one tensor's sum, by about 1e-7 relative, hence the tolerance; generation and rewards are
     # exact.
     sweep_dir = tmp_path / "sweep"
-    train_here(*REASONING, f"hydra.sweep.dir={sweep_dir}", env={"RLPLACE_OUTPUT_DIR": f"{sweep_dir}-outputs"})
+    interaction = tmp_path / "interaction.py"
+    interaction.write_text(INTERACTION)
+    train_here(
+        *REASONING,
+        f"rollout.multi_turn.interaction={interaction}:graded",
+        f"hydra.sweep.dir={sweep_dir}",
+        env={"RLPLACE_OUTPUT_DIR": f"{sweep_dir}-outputs"},
+    )
     jobs = [metrics(sweep_dir / str(job)) for job in range(2)]
     modes = [json.loads((sweep_dir / str(job) / RUN_INFO).read_text())["mode"] for job in range(2)]
     assert modes == ["disaggregated", "hybrid"]
@@ -81,5 +99,5 @@ def test_the_reasoning_placements_give_the_same_metrics(tmp_path: Path) -> None:
         for step in range(2):
             for key in REASONING_COMPARED:
                 assert rows[step][key] == pytest.approx(jobs[0][step][key], rel=1e-5, abs=1e-6), (step, key)
-    assert all(0 < row["rollout/tool_calls"] < 2 for row in jobs[0])
+    assert all(0 < row["rollout/tool_calls"] < 2 and 0 < row["rollout/user_turns"] < 1 for row in jobs[0])
     assert jobs[0][1]["train/kl"] > 0  # the policy moved away from the reference

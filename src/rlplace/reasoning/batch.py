@@ -50,7 +50,11 @@ class SequenceBatch:
     version: int = 0
     """The weight version that generated it (older than the actor's with runner.max_staleness > 0)."""
     tool_mask: Tensor | None = None
-    """[B, T] 1 on response tokens a tool wrote (`rollout.multi_turn`); None: the model wrote every one."""
+    """[B, T] 1 on response tokens a tool or the interaction wrote (`rollout.multi_turn`); None: the model wrote every
+    one."""
+    interaction_scores: Tensor | None = None
+    """[B] the interaction's scores of each response's turns, summed (`rollout.multi_turn.interaction`); the reward
+    worker adds them to the training reward."""
 
     @property
     def input_ids(self) -> Tensor:
@@ -63,7 +67,7 @@ class SequenceBatch:
     @property
     def action_mask(self) -> Tensor:
         """[B, T] 1 on the tokens the model generated: what the policy is trained on and the advantages are over
-        (the response mask less the tools' tokens)."""
+        (the response mask less the tools' and the interaction's tokens)."""
         return self.response_mask if self.tool_mask is None else self.response_mask * (1 - self.tool_mask)
 
     @property

@@ -21,6 +21,7 @@ from rlplace.core.registry import absolute
 from rlplace.core.strategies import AUTO, DTYPES, STRATEGIES, resolve
 from rlplace.reasoning.algorithms import ALGORITHMS, IMPORTANCE_RATIOS, KL_CONTROLLERS, LOSS_AGGREGATIONS
 from rlplace.reasoning.generation.backends import BACKENDS
+from rlplace.reasoning.interactions import FEEDBACK, check_interaction
 from rlplace.reasoning.models.registry import MODELS
 from rlplace.reasoning.rewards import RewardFunction, reward_function
 from rlplace.reasoning.tasks import ArithmeticTaskConfig, DatasetTaskConfig, ReasoningTaskConfig
@@ -206,9 +207,10 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
 
 @dataclass
 class MultiTurnConfig:
-    """Tool calls within a response (verl's `rollout.multi_turn`, `generation.turns`): where the model ends a call with
-    `call_end`, generation pauses, the tool's response goes into the response (the policy is not trained on it) and
-    generation goes on after it, within rollout.max_new_tokens in all."""
+    """Responses made in turns (verl's `rollout.multi_turn`, `generation.turns`), within rollout.max_new_tokens in all:
+    where the model ends a call with `call_end`, the tool's answer goes into the response; where it ends its turn (an
+    end token), the interaction's reply does. Either way the policy is not trained on what they wrote, and generation
+    goes on after it."""
 
     tool: str | None = None
     """The tool (`rlplace.reasoning.tools.TOOLS`: `calculator`), `package.module:function` or
@@ -224,12 +226,33 @@ class MultiTurnConfig:
     """The text appended after a call, `{result}` replaced by the tool's answer; a chat model's tool turn goes here
     (e.g. closing the assistant's turn and opening the next)."""
     max_response_tokens: int = 64
-    """A tool response's tokens at most (verl's max_tool_response_length); longer ones are cut."""
+    """A tool response's or a feedback turn's tokens at most (verl's max_tool_response_length); longer ones are cut."""
+    interaction: str | None = None
+    """What answers each turn the model ends (`rlplace.reasoning.interactions`: `retry`), `package.module:function`
+    or `path/to/file.py:function`: (prompt, turns, answer, extra) -> (done, text, score); null: an end token ends the
+    response."""
+    max_user_turns: int = 1
+    """The interaction's replies the model reads at most (verl's max_user_turns); the turn after the last is scored,
+    and ends the response."""
+    feedback_template: str | None = None
+    """The text appended after a turn the model ended, `{feedback}` replaced by the interaction's text; null: the
+    model's chat template's user turn and assistant header when prompts are rendered with it, else the text alone."""
 
     def __post_init__(self) -> None:
         if self.tool is not None:
             tool_function(self.tool)  # refused as written, then a file's path kept absolute for the workers
             self.tool = absolute(self.tool)
+        if self.interaction is not None:
+            check_interaction(self.interaction)
+            self.interaction = absolute(self.interaction)
+        check(self.max_user_turns >= 1, "rollout.multi_turn.max_user_turns", self.max_user_turns, "at least 1")
+        if self.feedback_template is not None:
+            check(
+                FEEDBACK in self.feedback_template,
+                "rollout.multi_turn.feedback_template",
+                self.feedback_template,
+                f"a text holding {FEEDBACK}, where the interaction's text goes",
+            )
         check(self.max_tool_calls >= 1, "rollout.multi_turn.max_tool_calls", self.max_tool_calls, "at least 1")
         check(bool(self.call_end), "rollout.multi_turn.call_end", self.call_end, "a token of the model's vocabulary")
         check(
@@ -240,6 +263,11 @@ class MultiTurnConfig:
         )
         tokens = self.max_response_tokens
         check(tokens >= 1, "rollout.multi_turn.max_response_tokens", tokens, "at least 1")
+
+    @property
+    def enabled(self) -> bool:
+        """Responses are made in turns: with a tool, an interaction or both."""
+        return self.tool is not None or self.interaction is not None
 
 
 @dataclass
@@ -276,7 +304,7 @@ class GenerationConfig(ComponentConfig):
     """hf with cuda_graphs: `torch.compile` the decode step before capturing it (fewer, fused kernels, faster than the
     uncompiled graphs), at the cost of a compile per batch-size bucket (benchmarks/gpu_suite.py, generation section)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
-    """Tool calls within a response; off unless multi_turn.tool is set."""
+    """Responses in turns: off unless multi_turn.tool or multi_turn.interaction is set."""
 
     def __post_init__(self) -> None:
         BACKENDS.check(self.backend)
@@ -437,6 +465,10 @@ class RewardConfig(ComponentConfig):
     penalised."""
     overlong_penalty: float = 1.0
     """With overlong_buffer: the penalty of a response that runs to rollout.max_new_tokens."""
+    interaction_weight: float = 1.0
+    """With rollout.multi_turn.interaction: the weight of the interaction's scores, summed over a response's turns and
+    added to its training reward (logged as `reward/interaction`); 0 matches verl, whose reward function alone scores
+    a response."""
 
     def __post_init__(self) -> None:
         check(self.overlong_buffer >= 0, "reward.overlong_buffer", self.overlong_buffer, "0 (off) or more tokens")
@@ -445,6 +477,7 @@ class RewardConfig(ComponentConfig):
             reward_function(self.function)  # refused as written, then a file's path kept absolute for the workers
             self.function = absolute(self.function)
         check(0 <= self.model_weight <= 1, "reward.model_weight", self.model_weight, "in [0, 1]")
+        check(self.interaction_weight >= 0, "reward.interaction_weight", self.interaction_weight, "0 or more")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from rlplace.placement import ComponentPlacement, HybridComponentPlacement
 from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.generation.backends import BACKENDS
 from rlplace.reasoning.generation.turns import call_end_id
+from rlplace.reasoning.interactions import feedback_template
 from rlplace.reasoning.lora import IDENTITY as LORA_KEY
 from rlplace.reasoning.lora import check_targets
 from rlplace.reasoning.memory import check_memory
@@ -28,7 +29,7 @@ from rlplace.reasoning.pretrain import pretrained_model_path
 from rlplace.reasoning.rewards import check_remote_reward
 from rlplace.reasoning.runner import ReasoningRunner
 from rlplace.reasoning.tasks import count_truncated, drop_overlong, make_prompt_source, prompt_room
-from rlplace.reasoning.tasks.prompts import PromptSource, check_prompt_lengths
+from rlplace.reasoning.tasks.prompts import PromptSource, check_prompt_lengths, uses_chat_template
 from rlplace.reasoning.workers import InferenceWorker, LLMActorWorker, LLMRolloutWorker, RewardWorker
 from rlplace.scheduler import Cluster, StartingGroup, wait_started
 
@@ -110,12 +111,16 @@ def check_prompts_fit(cfg: ReasoningConfig, model_path: Path) -> PromptSource:
     """Refuse, before any worker starts, prompts too long for the model's context (`max_position_embeddings`, the
     engines' limit) with rollout.max_new_tokens on top (`check_prompt_lengths`); or, with
     task.filter_overlong_prompts, say how many of them the run leaves out (`drop_overlong`); with task.truncation,
-    say how many are cut (`count_truncated`). A tool's call_end must be one token of the model's vocabulary. Returns
-    the task's problems, those left out removed."""
+    say how many are cut (`count_truncated`). A tool's call_end must be one token of the model's vocabulary, and an
+    interaction's feedback turn one the chat template writes (`feedback_template`). Returns the task's problems,
+    those left out removed."""
     context = AutoConfig.from_pretrained(model_path).max_position_embeddings
     tokenizer = load_tokenizer(model_path)
-    if cfg.rollout.multi_turn.tool is not None:
-        call_end_id(tokenizer, cfg.rollout.multi_turn)  # the engines stop at it: one token of the vocabulary
+    multi_turn = cfg.rollout.multi_turn
+    if multi_turn.tool is not None:
+        call_end_id(tokenizer, multi_turn)  # the engines stop at it: one token of the vocabulary
+    if multi_turn.interaction is not None:
+        feedback_template(tokenizer, multi_turn.feedback_template, uses_chat_template(tokenizer, cfg.task))
     source = make_prompt_source(cfg.task)
     dropped = drop_overlong(source, cfg.task, tokenizer, context, cfg.rollout.max_new_tokens)
     if dropped is None:

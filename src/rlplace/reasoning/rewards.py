@@ -180,6 +180,16 @@ def with_model(rule: Scores, model: float, weight: float) -> Scores:
     return {**rule, RULE: rule[SCORE], MODEL: model, SCORE: (1 - weight) * rule[SCORE] + weight * model}
 
 
+INTERACTION = "interaction"
+"""The named score `with_interaction` adds (`reward/interaction`)."""
+
+
+def with_interaction(scores: Scores, interaction: float, weight: float) -> Scores:
+    """`scores` with the interaction's (`rollout.multi_turn.interaction`: its scores of the response's turns, summed)
+    added to the training reward at `weight` and kept as "interaction"."""
+    return {**scores, INTERACTION: interaction, SCORE: scores[SCORE] + weight * interaction}
+
+
 OVERLONG = "overlong_penalty"
 """The named score `with_overlong_penalty` adds (`reward/overlong_penalty`)."""
 

@@ -14,6 +14,8 @@ GENERATION_ROUNDS = "rollout/generation_rounds"
 """algorithm.filter_groups: the generation rounds a micro-batch took; a step logs their mean over micro-batches."""
 TOOL_CALLS = "rollout/tool_calls"
 """rollout.multi_turn: the tool calls of a micro-batch's responses; a step logs their mean per response."""
+USER_TURNS = "rollout/user_turns"
+"""rollout.multi_turn.interaction: the replies a micro-batch's responses read; a step logs their mean per response."""
 SCORING_ROWS = 64
 """Rows per forward pass when a micro-batch is scored (`batch.response_logprobs`): bounds the logits a pass holds, a
 vocabulary's width per token; sharded inference ranks count their passes by it (`workers.inference.keep_in_step`)."""

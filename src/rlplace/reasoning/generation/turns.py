@@ -1,22 +1,26 @@
-"""Responses in turns: generation that pauses at a tool call, appends the tool's response, and goes on after it.
+"""Responses in turns: generation that pauses at a tool call or at the end of the model's turn, appends the tool's
+answer or the interaction's reply, and goes on after it.
 
-A response is the model's turns and the tools' responses between them, within rollout.max_new_tokens in all. Each
-turn is one `GenerationEngine.generate` call over the rows still going, stopping at `rollout.multi_turn.call_end`; the
-tool's response is encoded and appended, marked in the row's tool mask (the actor does not train on it). Turn t of
-sample s samples with the id `turn_sample_id(s, t)`, so a row's whole response stays a function of (seed, sample
-id), whichever batch, micro-batch or rank makes it, and turn 0 samples as a one-turn response does.
+A response is the model's turns and what tools and the interaction wrote between them, within
+rollout.max_new_tokens in all. Each turn is one `GenerationEngine.generate` call over the rows still going, stopping
+at `rollout.multi_turn.call_end` (with a tool) or at an end token; what is appended is encoded and marked in the row's
+tool mask (the actor does not train on it). Turn t of sample s samples with the id `turn_sample_id(s, t)`, so a row's
+whole response stays a function of (seed, sample id), whichever batch, micro-batch or rank makes it, and turn 0
+samples as a one-turn response does; an interaction is a function of the episode so far, so its replies are too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlplace.core.errors import ConfigError
+from rlplace.reasoning.interactions import FEEDBACK, feedback_template, interaction_function, reply_of
 from rlplace.reasoning.tools import RESULT, tool_function
 
 if TYPE_CHECKING:
     from rlplace.reasoning.config import MultiTurnConfig
+    from rlplace.reasoning.rewards import RewardFunction
     from rlplace.reasoning.tasks.prompts import Problem
 
     from .engine import GenerationEngine
@@ -48,22 +52,36 @@ class Turns:
     """A batch's responses made in turns."""
 
     responses: list[list[int]]
-    """Each row's tokens: the model's and the tools', in order."""
+    """Each row's tokens: the model's, the tools' and the interaction's, in order."""
     tool_masks: list[list[int]]
-    """1 where a tool wrote the token, 0 where the model did; as long as the response."""
+    """1 where a tool or the interaction wrote the token, 0 where the model did; as long as the response."""
     calls: list[int]
     """Tool calls per row."""
+    user_turns: list[int] = field(default_factory=list)
+    """The interaction's replies each row's model read."""
+    scores: list[float] = field(default_factory=list)
+    """The interaction's scores of each row's turns, summed."""
+
+    @classmethod
+    def empty(cls, rows: int) -> Turns:
+        return cls([[] for _ in range(rows)], [[] for _ in range(rows)], [0] * rows, [0] * rows, [0.0] * rows)
 
 
-class ToolCalling:
-    """Generates responses in turns with the tool of `settings` (`rollout.multi_turn`)."""
+class MultiTurn:
+    """Generates responses in turns with the tool and the interaction of `settings` (`rollout.multi_turn`); `reward`
+    is the run's, which a registered interaction judges turns with; `chat`: prompts are rendered with the tokenizer's
+    chat template, whose user turn a feedback goes in (`interactions.feedback_template`)."""
 
-    def __init__(self, tokenizer: Any, settings: MultiTurnConfig) -> None:
-        assert settings.tool is not None, "multi-turn generation needs rollout.multi_turn.tool"
+    def __init__(self, tokenizer: Any, settings: MultiTurnConfig, reward: RewardFunction, chat: bool) -> None:
+        assert settings.enabled, "multi-turn generation needs rollout.multi_turn.tool or .interaction"
         self.tokenizer = tokenizer
         self.settings = settings
-        self.tool = tool_function(settings.tool)
-        self.end_id = call_end_id(tokenizer, settings)
+        self.tool = None if settings.tool is None else tool_function(settings.tool)
+        self.end_id = None if settings.tool is None else call_end_id(tokenizer, settings)
+        self.interaction = None
+        if settings.interaction is not None:
+            self.interaction = interaction_function(settings.interaction, reward)
+            self.feedback = feedback_template(tokenizer, settings.feedback_template, chat)
 
     def generate(
         self,
@@ -77,7 +95,11 @@ class ToolCalling:
     ) -> Turns:
         """Each prompt's response, `sampling` passed on to `engine.generate` (temperature, seed, top_p, top_k)."""
         rows = len(prompts)
-        turns = Turns([[] for _ in range(rows)], [[] for _ in range(rows)], [0] * rows)
+        turns = Turns.empty(rows)
+        texts: list[list[str]] = [[] for _ in range(rows)]
+        """The text of each row's model turns so far, what the interaction reads."""
+        starts = [0] * rows
+        """Where each row's current model turn began in its response."""
         going = list(range(rows))
         turn = 0
         while going:
@@ -85,33 +107,62 @@ class ToolCalling:
                 [prompts[i] + turns.responses[i] for i in going],
                 [turn_sample_id(sample_ids[i], turn) for i in going],
                 max_new_tokens=[max_new_tokens - len(turns.responses[i]) for i in going],
-                stop_ids=[self.end_id],
+                stop_ids=[] if self.end_id is None else [self.end_id],
                 **sampling,
             )
-            going = [
-                i
-                for i, segment in zip(going, segments, strict=True)
-                if self._go_on(turns, i, segment, problems[i], max_new_tokens)
-            ]
+            still = []
+            for i, segment in zip(going, segments, strict=True):
+                turns.responses[i] += segment
+                turns.tool_masks[i] += [0] * len(segment)
+                if not segment:
+                    continue
+                if segment[-1] == self.end_id:
+                    going_on = self._call(turns, i, segment, problems[i], max_new_tokens)
+                elif self.interaction is not None and segment[-1] in engine.eos_ids:
+                    going_on = self._reply(turns, i, texts[i], starts[i], problems[i], max_new_tokens)
+                    starts[i] = len(turns.responses[i])
+                else:
+                    going_on = False
+                if going_on:
+                    still.append(i)
+            going = still
             turn += 1
         return turns
 
-    def _go_on(self, turns: Turns, row: int, segment: list[int], problem: Problem, max_new_tokens: int) -> bool:
-        """Append the model's `segment` to `row`; where it ends in a call the row may still make, append the tool's
-        response too (cut to max_response_tokens and to the room left) and return whether the row has room for
-        another turn."""
-        response, mask = turns.responses[row], turns.tool_masks[row]
-        response += segment
-        mask += [0] * len(segment)
-        room = max_new_tokens - len(response)
-        if not segment or segment[-1] != self.end_id or turns.calls[row] >= self.settings.max_tool_calls or room <= 0:
+    def _call(self, turns: Turns, row: int, segment: list[int], problem: Problem, max_new_tokens: int) -> bool:
+        """The model's `segment` ended in a call: where the row may still make one, append the tool's response (cut to
+        max_response_tokens and to the room left) and return whether the row has room for another turn."""
+        assert self.tool is not None
+        if turns.calls[row] >= self.settings.max_tool_calls or len(turns.responses[row]) >= max_new_tokens:
             return False
         text = self.tokenizer.decode(segment[:-1])
         call = text.rpartition(self.settings.call_start)[2]
         answer = self.tool(call, problem.extra)
-        reply = self.settings.response_template.replace(RESULT, str(answer))
-        ids = self.tokenizer.encode(reply, add_special_tokens=False)[: min(self.settings.max_response_tokens, room)]
-        response += ids
-        mask += [1] * len(ids)
         turns.calls[row] += 1
+        return self._append(turns, row, self.settings.response_template.replace(RESULT, str(answer)), max_new_tokens)
+
+    def _reply(
+        self, turns: Turns, row: int, texts: list[str], start: int, problem: Problem, max_new_tokens: int
+    ) -> bool:
+        """The model ended its turn (which began at `start`): the interaction scores it and, unless it ends the episode
+        or the row has read max_user_turns replies, its text goes in; returns whether the row goes on."""
+        assert self.interaction is not None
+        texts.append(self.tokenizer.decode(turns.responses[row][start:], skip_special_tokens=True))
+        spec = self.settings.interaction
+        reply = reply_of(spec, self.interaction(problem.prompt, tuple(texts), problem.answer, problem.extra))
+        turns.scores[row] += reply.score
+        last = turns.user_turns[row] >= self.settings.max_user_turns or len(turns.responses[row]) >= max_new_tokens
+        if reply.done or last:
+            return False
+        turns.user_turns[row] += 1
+        return self._append(turns, row, self.feedback.replace(FEEDBACK, reply.text), max_new_tokens)
+
+    def _append(self, turns: Turns, row: int, text: str, max_new_tokens: int) -> bool:
+        """Append `text`'s tokens to `row`, marked as not the model's, cut to max_response_tokens and to the room left;
+        returns whether the row has room for another turn."""
+        response = turns.responses[row]
+        room = max_new_tokens - len(response)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)[: min(self.settings.max_response_tokens, room)]
+        response += ids
+        turns.tool_masks[row] += [1] * len(ids)
         return len(response) < max_new_tokens

@@ -17,7 +17,14 @@ from rlplace.core.offload import HostCopies, move
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.models.tokenizer import load_tokenizer
-from rlplace.reasoning.rewards import METRIC_PREFIX, SCORE, Scores, with_model, with_overlong_penalty
+from rlplace.reasoning.rewards import (
+    METRIC_PREFIX,
+    SCORE,
+    Scores,
+    with_interaction,
+    with_model,
+    with_overlong_penalty,
+)
 from rlplace.reasoning.streams import consumer_key, micro_batches_of
 from rlplace.scheduler import Channel, Worker, timer
 
@@ -53,8 +60,8 @@ class RewardWorker(Worker):
         return len(mine)
 
     def score(self, batch: SequenceBatch) -> list[Scores]:
-        """The named scores of each decoded response: the rule reward's, joined with the reward model's if any, and
-        the overlong penalty with reward.overlong_buffer."""
+        """The named scores of each decoded response: the rule reward's, joined with the reward model's if any, the
+        interaction's (`rollout.multi_turn.interaction`), and the overlong penalty with reward.overlong_buffer."""
         response_ids = batch.response_ids()
         decoded = self.reward.decode(self.tokenizer, batch.prompt_ids(), response_ids)
         scores = self.reward.scores(batch.problems, decoded)
@@ -63,6 +70,9 @@ class RewardWorker(Worker):
             model = self.model.score(batch.problems, decoded.responses)
             scores = [with_model(rule, m, weight) for rule, m in zip(scores, model, strict=True)]
         reward = self.cfg.reward
+        if batch.interaction_scores is not None:
+            pairs = zip(scores, batch.interaction_scores.tolist(), strict=True)
+            scores = [with_interaction(s, interaction, reward.interaction_weight) for s, interaction in pairs]
         if reward.overlong_buffer:
             width, buffer, factor = self.cfg.rollout.max_new_tokens, reward.overlong_buffer, reward.overlong_penalty
             pairs = zip(scores, response_ids, strict=True)

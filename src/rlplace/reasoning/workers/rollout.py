@@ -22,7 +22,7 @@ from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.evaluation import Answered, sample_ids
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
 from rlplace.reasoning.generation.replicas import Replica
-from rlplace.reasoning.generation.turns import ToolCalling
+from rlplace.reasoning.generation.turns import MultiTurn, Turns
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import SCORE
 from rlplace.reasoning.streams import (
@@ -30,11 +30,12 @@ from rlplace.reasoning.streams import (
     GENERATION_ROUNDS,
     TOOL_CALLS,
     TRUNCATED,
+    USER_TURNS,
     consumer_key,
     micro_batches_of,
 )
 from rlplace.reasoning.tasks import drop_overlong, make_prompt_source
-from rlplace.reasoning.tasks.prompts import Problem, encode_prompts
+from rlplace.reasoning.tasks.prompts import Problem, encode_prompts, uses_chat_template
 from rlplace.scheduler import Channel, Worker, timer
 
 
@@ -60,7 +61,10 @@ class LLMRolloutWorker(Worker):
         drop_overlong(self.source, cfg.task, self.tokenizer, context, cfg.rollout.max_new_tokens)  # as the driver did
         self.reward = cfg.reward_function()
         multi_turn = cfg.rollout.multi_turn
-        self.tool_calling = None if multi_turn.tool is None else ToolCalling(self.tokenizer, multi_turn)
+        self.multi_turn = None
+        if multi_turn.enabled:
+            chat = uses_chat_template(self.tokenizer, cfg.task)
+            self.multi_turn = MultiTurn(self.tokenizer, multi_turn, self.reward, chat)
         self.version = 0
         """The initial weights are the model folder's, as the actor's are: version 0."""
 
@@ -119,26 +123,33 @@ class LLMRolloutWorker(Worker):
             if round_:  # ids of their own, above those of the first round of every step
                 base += (1 << 40) * round_
             made = self._tokens(rows, [base + i for i in range(len(rows))], self.cfg.rollout.temperature)
-            samples = list(zip(made.prompts, made.responses, rows, made.tool_masks, made.calls, strict=True))
+            turns = made.turns
+            columns = (turns.responses, rows, turns.tool_masks, turns.calls, turns.user_turns, turns.scores)
+            samples = list(zip(made.prompts, *columns, strict=True))
             if not alg.filter_groups:
                 kept = samples
                 break
-            decoded = self.reward.decode(self.tokenizer, made.prompts, made.responses)
-            scores = [s[SCORE] for s in self.reward.scores(rows, decoded)]
+            decoded = self.reward.decode(self.tokenizer, made.prompts, turns.responses)
+            weight = self.cfg.reward.interaction_weight
+            pairs = zip(self.reward.scores(rows, decoded), turns.scores, strict=True)
+            scores = [s[SCORE] + weight * interaction for s, interaction in pairs]
             for g in range(size):
                 same = len(set(scores[g * group : (g + 1) * group])) == 1
                 (dropped if same else kept).extend(samples[g * group : (g + 1) * group])
             if len(kept) >= size * group:
                 break
         samples = (kept + dropped)[: size * group]
-        prompts, responses, problems, tool_masks, calls = map(list, zip(*samples, strict=True))
-        multi_turn = self.tool_calling is not None
-        batch = pack(
-            index, prompts, responses, problems, self.cfg.rollout.max_new_tokens, tool_masks if multi_turn else None
-        )
+        prompts, responses, problems, tool_masks, calls, user_turns, interaction = map(list, zip(*samples, strict=True))
+        multi_turn = self.cfg.rollout.multi_turn
+        batch = pack(index, prompts, responses, problems, self.cfg.rollout.max_new_tokens)
         batch.meta[TRUNCATED] = float(sum(self._truncated(response) for response in responses))
-        if multi_turn:
+        if multi_turn.enabled:
+            batch.tool_mask = masks_tensor(tool_masks, self.cfg.rollout.max_new_tokens)
+        if multi_turn.tool is not None:
             batch.meta[TOOL_CALLS] = float(sum(calls))
+        if multi_turn.interaction is not None:
+            batch.interaction_scores = torch.tensor(interaction, dtype=torch.float32)
+            batch.meta[USER_TURNS] = float(sum(user_turns))
         if alg.filter_groups:
             batch.meta[FILTERED_GROUPS] = float(len(dropped) // group)
             batch.meta[GENERATION_ROUNDS] = float(round_ + 1)
@@ -150,8 +161,8 @@ class LLMRolloutWorker(Worker):
 
     @torch.no_grad()
     def _tokens(self, problems: list[Problem], sample_ids: list[int], temperature: float) -> Generated:
-        """The prompts' token ids and the response to each: the engine's, or made in turns with a tool
-        (`rollout.multi_turn`)."""
+        """The prompts' token ids and the response to each: the engine's, or made in turns with a tool or an
+        interaction (`rollout.multi_turn`)."""
         prompts = encode_prompts(self.tokenizer, problems, self.cfg.task)
         rollout = self.cfg.rollout
         sampling = {
@@ -160,13 +171,16 @@ class LLMRolloutWorker(Worker):
             "top_p": rollout.top_p,
             "top_k": rollout.top_k,
         }
-        if self.tool_calling is None:
-            responses = self.engine.generate(prompts, sample_ids, max_new_tokens=rollout.max_new_tokens, **sampling)
-            return Generated(prompts, responses, [[] for _ in responses], [0] * len(responses))
-        turns = self.tool_calling.generate(
+        if self.multi_turn is None:
+            turns = Turns.empty(len(prompts))
+            turns.responses = self.engine.generate(
+                prompts, sample_ids, max_new_tokens=rollout.max_new_tokens, **sampling
+            )
+            return Generated(prompts, turns)
+        turns = self.multi_turn.generate(
             self.engine, prompts, sample_ids, problems, max_new_tokens=rollout.max_new_tokens, **sampling
         )
-        return Generated(prompts, turns.responses, turns.tool_masks, turns.calls)
+        return Generated(prompts, turns)
 
     @timer("evaluate")
     def evaluate(self) -> list[Answered]:
@@ -185,7 +199,7 @@ class LLMRolloutWorker(Worker):
             part = rows[first : first + per_call]
             chunk = [problems[i] for i, _ in part]
             made = self._tokens(chunk, [key for _, key in part], rollout.eval_temperature)
-            decoded = self.reward.decode(self.tokenizer, made.prompts, made.responses)
+            decoded = self.reward.decode(self.tokenizer, made.prompts, made.turns.responses)
             scores += [s[SCORE] for s in self.reward.scores(chunk, decoded)]
         answered = []
         for n, i in enumerate(mine):
@@ -205,39 +219,34 @@ class LLMRolloutWorker(Worker):
 
 
 class Generated(NamedTuple):
-    """A batch's prompts and responses as token ids."""
+    """A batch's prompts as token ids, and the responses to them (made in one turn, or several)."""
 
     prompts: list[list[int]]
-    responses: list[list[int]]
-    tool_masks: list[list[int]]
-    """Per response, 1 where a tool wrote (`rollout.multi_turn`); empty lists for responses made in one turn."""
-    calls: list[int]
-    """Tool calls per response."""
+    turns: Turns
 
 
 def pack(
-    index: int,
-    prompts: list[list[int]],
-    responses: list[list[int]],
-    problems: list[Problem],
-    width: int,
-    tool_masks: list[list[int]] | None = None,
+    index: int, prompts: list[list[int]], responses: list[list[int]], problems: list[Problem], width: int
 ) -> SequenceBatch:
-    """Prompts left-padded to their longest, responses right-padded to `width` (pad id 0), with their masks (and
-    the tools' tokens' mask, for responses made in turns)."""
+    """Prompts left-padded to their longest, responses right-padded to `width` (pad id 0), with their masks."""
     prompt_width = max(len(p) for p in prompts)
     rows = len(prompts)
     prompt_ids = torch.zeros(rows, prompt_width, dtype=torch.long)
     prompt_mask = torch.zeros(rows, prompt_width, dtype=torch.long)
     response_ids = torch.zeros(rows, width, dtype=torch.long)
     response_mask = torch.zeros(rows, width, dtype=torch.long)
-    tool_mask = None if tool_masks is None else torch.zeros(rows, width, dtype=torch.long)
     for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
         prompt_ids[i, prompt_width - len(prompt) :] = torch.tensor(prompt)
         prompt_mask[i, prompt_width - len(prompt) :] = 1
         response = response[:width]
         response_ids[i, : len(response)] = torch.tensor(response, dtype=torch.long)
         response_mask[i, : len(response)] = 1
-        if tool_mask is not None and tool_masks is not None:
-            tool_mask[i, : len(response)] = torch.tensor(tool_masks[i][:width], dtype=torch.long)
-    return SequenceBatch(index, prompt_ids, prompt_mask, response_ids, response_mask, problems, tool_mask=tool_mask)
+    return SequenceBatch(index, prompt_ids, prompt_mask, response_ids, response_mask, problems)
+
+
+def masks_tensor(masks: list[list[int]], width: int) -> torch.Tensor:
+    """[B, width] the rows' token masks, right-padded with 0 (`SequenceBatch.tool_mask`)."""
+    out = torch.zeros(len(masks), width, dtype=torch.long)
+    for i, mask in enumerate(masks):
+        out[i, : min(len(mask), width)] = torch.tensor(mask[:width], dtype=torch.long)
+    return out
