@@ -322,6 +322,11 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
         [*REASONING, "rollout.multi_turn.tool=calc"],
         "rollout.multi_turn.tool = 'calc' is invalid",
     ),
+    "two tools of one name": (
+        "rlplace-plan",
+        [*REASONING, "rollout.multi_turn.tool=[calculator,calculator]"],
+        "rollout.multi_turn.tool = ['calculator', 'calculator'] is invalid: two tools are named 'calculator'",
+    ),
     "interaction": (
         "rlplace-train",
         [*REASONING, "rollout.multi_turn.interaction=retries"],

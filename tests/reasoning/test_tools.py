@@ -8,7 +8,7 @@ import pytest
 
 from rlplace.core.errors import ConfigError
 from rlplace.reasoning.config import MultiTurnConfig
-from rlplace.reasoning.tools import TOOLS, calculator, tool_function
+from rlplace.reasoning.tools import TOOLS, ToolSet, calculator, tool_function
 
 
 @pytest.mark.parametrize(
@@ -59,3 +59,23 @@ def test_a_tool_is_a_registered_name_a_module_function_or_a_file_function(tmp_pa
         MultiTurnConfig(tool=str(tmp_path / "missing.py:lookup"))
     with pytest.raises(ConfigError, match=r"rollout.multi_turn.response_template = 'no answer' is invalid: a text "):
         MultiTurnConfig(tool="calculator", response_template="no answer")
+
+
+def test_several_tools_answer_the_calls_that_name_them(tmp_path: Path) -> None:
+    """With a list of tools, a JSON call names the tool it calls (a registered one by its name, yours by its
+    function's); a call naming none, or not JSON, is answered with an error the model reads. One tool takes every
+    call, as before."""
+    config = MultiTurnConfig(tool=["calculator", f"{__name__}:shouted"])
+    tools = ToolSet(config.tool)
+    assert tools('{"name": "calculator", "arguments": {"expression": "6*7"}}', {}) == "42"
+    assert tools('{"name": "shouted", "arguments": {}}', {}) == '{"NAME": "SHOUTED", "ARGUMENTS": {}}'
+    assert (
+        tools('{"name": "search", "arguments": {}}', {}) == "error: the call names 'search'; tools: calculator, shouted"
+    )
+    assert tools("6*7", {}) == "error: the call names no tool; tools: calculator, shouted"
+    assert ToolSet(MultiTurnConfig(tool="calculator").tool)("6*7", {}) == "42"
+    assert MultiTurnConfig(tool=[]).tool is None and not MultiTurnConfig(tool=[]).enabled
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.tool = \['calculator', 'calculator'\] is invalid: two"):
+        MultiTurnConfig(tool=["calculator", "calculator"])
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.tool = 3 is invalid: a tool, or a list of tools"):
+        MultiTurnConfig(tool=3)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rlplace.core.config import ComponentConfig, PolicyGradientConfig, RunConfig
 from rlplace.core.errors import check, check_choice
@@ -25,7 +25,7 @@ from rlplace.reasoning.interactions import FEEDBACK, check_interaction
 from rlplace.reasoning.models.registry import MODELS
 from rlplace.reasoning.rewards import RewardFunction, reward_function
 from rlplace.reasoning.tasks import ArithmeticTaskConfig, DatasetTaskConfig, ReasoningTaskConfig
-from rlplace.reasoning.tools import RESULT, tool_function
+from rlplace.reasoning.tools import RESULT, tool_function, tool_specs
 
 FAMILY = "reasoning"
 COMPONENTS = ("rollout", "reward", "inference", "actor")
@@ -212,9 +212,10 @@ class MultiTurnConfig:
     end token), the interaction's reply does. Either way the policy is not trained on what they wrote, and generation
     goes on after it."""
 
-    tool: str | None = None
+    tool: Any = None
     """The tool (`rlplace.reasoning.tools.TOOLS`: `calculator`), `package.module:function` or
-    `path/to/file.py:function`: (call, extra) -> the text the model reads; null: responses are one turn."""
+    `path/to/file.py:function`: (call, extra) -> the text the model reads; or a list of them, each call naming its
+    tool (`tools.ToolSet`); null: no tool."""
     max_tool_calls: int = 2
     """Calls per response at most (verl's max_assistant_turns less one); a call beyond them ends the response."""
     call_start: str = "<tool_call>"
@@ -239,9 +240,10 @@ class MultiTurnConfig:
     model's chat template's user turn and assistant header when prompts are rendered with it, else the text alone."""
 
     def __post_init__(self) -> None:
-        if self.tool is not None:
-            tool_function(self.tool)  # refused as written, then a file's path kept absolute for the workers
-            self.tool = absolute(self.tool)
+        specs = tool_specs(self.tool)
+        for spec in specs:
+            tool_function(spec)  # refused as written, then a file's path kept absolute for the workers
+        self.tool = [absolute(spec) for spec in specs] or None
         if self.interaction is not None:
             check_interaction(self.interaction)
             self.interaction = absolute(self.interaction)

@@ -16,6 +16,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rlplace.core.errors import ConfigError
 from rlplace.core.registry import Registry, load_function
 
 KEY = "rollout.multi_turn.tool"
@@ -89,6 +90,55 @@ def _evaluate(node: ast.expr) -> int | float:
             raise ValueError("the result is above 1e100")
         return value
     raise ValueError(f"{ast.unparse(node)!r} is not arithmetic")
+
+
+def tool_name(spec: str) -> str:
+    """The name a call gives the tool `spec` names: a registered tool's name, or its function's (after the `:`)."""
+    return spec.rpartition(":")[2]
+
+
+def tool_specs(value: Any) -> list[str]:
+    """rollout.multi_turn.tool as a list: null is no tool, a string one, a list several. ConfigError in one line when
+    it is none of them, or when two tools have one name (a call names the tool it calls)."""
+    specs = [] if value is None else [value] if isinstance(value, str) else value
+    if not isinstance(specs, list | tuple) or not all(isinstance(spec, str) for spec in specs):
+        raise ConfigError(f"{KEY} = {value!r} is invalid: a tool, or a list of tools")
+    names = [tool_name(spec) for spec in specs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(
+            f"{KEY} = {value!r} is invalid: two tools are named {twice[0]!r} (a call names the tool it calls); valid: "
+            "tools of different names"
+        )
+    return list(specs)
+
+
+class ToolSet:
+    """The tools of a run, answering each call: with one tool, every call is that tool's; with several, a call names
+    its tool as the JSON calls of Qwen2.5's and Hermes' chat templates do (`{"name": "calculator", "arguments":
+    ...}`), and one that names none of them is answered with an error the model reads, as a tool's own errors are."""
+
+    def __init__(self, specs: list[str]) -> None:
+        self.tools = {tool_name(spec): tool_function(spec) for spec in specs}
+
+    def __call__(self, call: str, extra: Mapping[str, Any]) -> str:
+        if len(self.tools) == 1:
+            return str(next(iter(self.tools.values()))(call, extra))
+        name = _called_name(call)
+        if name not in self.tools:
+            called = "names no tool" if name is None else f"names {name!r}"
+            return f"error: the call {called}; tools: {', '.join(self.tools)}"
+        return str(self.tools[name](call, extra))
+
+
+def _called_name(call: str) -> str | None:
+    """The `name` of a JSON call; None when the call is not one."""
+    try:
+        parsed = json.loads(call)
+    except ValueError:
+        return None
+    name = parsed.get("name") if isinstance(parsed, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def tool_function(spec: str) -> Tool:

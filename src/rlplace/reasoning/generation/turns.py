@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlplace.core.errors import ConfigError
 from rlplace.reasoning.interactions import FEEDBACK, feedback_template, interaction_function, reply_of
-from rlplace.reasoning.tools import RESULT, tool_function
+from rlplace.reasoning.tools import RESULT, ToolSet
 
 if TYPE_CHECKING:
     from rlplace.reasoning.config import MultiTurnConfig
@@ -76,7 +76,7 @@ class MultiTurn:
         assert settings.enabled, "multi-turn generation needs rollout.multi_turn.tool or .interaction"
         self.tokenizer = tokenizer
         self.settings = settings
-        self.tool = None if settings.tool is None else tool_function(settings.tool)
+        self.tool = None if settings.tool is None else ToolSet(settings.tool)
         self.end_id = None if settings.tool is None else call_end_id(tokenizer, settings)
         self.interaction = None
         if settings.interaction is not None:
