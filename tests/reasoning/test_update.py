@@ -121,6 +121,30 @@ def test_grpo_raises_rewarded_responses_and_lowers_the_rest(folder):
     assert policy.training is False  # load_causal_lm's eval mode is restored after the update
 
 
+def test_the_update_scores_responses_at_the_temperature_they_were_sampled_at(folder):
+    """At rollout.temperature T the rollout samples from softmax(logits / T): the log-probs, the PPO ratio and the
+    entropy are that policy's, so that old log-probs scored at T start the update at ratio 1 and the entropy is the
+    sampling distribution's; scored at 1 instead, the first step is already off-policy."""
+    policy = load_causal_lm(folder)
+    batch = _batch(folder, policy)
+    width = batch.prompts.shape[1]
+    logits = policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.detach()
+    cooled = torch.log_softmax(logits[:, width - 1 : -1] / 0.5, dim=-1).gather(-1, batch.responses[..., None])[..., 0]
+    mask = batch.response_mask.bool()
+    assert torch.allclose(response_logprobs(policy, batch, 0.5)[mask], cooled[mask], atol=1e-5)
+    assert not torch.allclose(response_logprobs(policy, batch)[mask], cooled[mask], atol=1e-2)
+    advantages, _ = compute_advantages(batch, GRPO)
+    one_step = replace(GRPO, update_epochs=1, num_minibatches=1)
+    approx_kl = {}
+    for scored_at in (0.5, 1.0):
+        batch.old_logprobs = response_logprobs(policy, batch, scored_at)
+        copy = load_causal_lm(folder)
+        optimizer = torch.optim.Adam(copy.parameters(), lr=1e-2)
+        stats = llm_update(copy, optimizer, batch, advantages, one_step, torch.Generator(), temperature=0.5)
+        approx_kl[scored_at] = abs(stats["train/approx_kl"])
+    assert approx_kl[0.5] < 1e-6 < 1e-3 < approx_kl[1.0]
+
+
 def test_first_minibatch_on_its_own_logprobs_is_unclipped(folder):
     policy = load_causal_lm(folder)
     batch = _batch(folder, policy)  # old_logprobs = the current policy's: every ratio is exactly 1

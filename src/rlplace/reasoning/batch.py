@@ -108,10 +108,12 @@ class SequenceBatch:
 
 
 @torch.no_grad()
-def response_logprobs(model: torch.nn.Module, batch: SequenceBatch, micro_rows: int = SCORING_ROWS) -> Tensor:
-    """[B, T] log-probs (on the CPU) of each response token under `model`, `micro_rows` rows per forward pass, in
-    eval mode (no dropout) whatever mode the model is in: the inference worker's copy and the actor's own weights
-    score alike."""
+def response_logprobs(
+    model: torch.nn.Module, batch: SequenceBatch, temperature: float = 1.0, micro_rows: int = SCORING_ROWS
+) -> Tensor:
+    """[B, T] log-probs (on the CPU) of each response token under `model` at `temperature`, `micro_rows` rows per
+    forward pass, in eval mode (no dropout) whatever mode the model is in: the inference worker's copy and the actor's
+    own weights score alike."""
     out = []
     width = batch.prompts.shape[1]
     ids, mask = batch.input_ids, batch.attention_mask
@@ -120,15 +122,19 @@ def response_logprobs(model: torch.nn.Module, batch: SequenceBatch, micro_rows: 
     try:
         for start in range(0, batch.num_rows, micro_rows):
             rows = slice(start, start + micro_rows)
-            logits = response_logits(model, ids[rows], mask[rows], width)
+            logits = response_logits(model, ids[rows], mask[rows], width, temperature)
             out.append(logprobs_from_logits(logits, ids[rows, width:].to(logits.device)).cpu())
     finally:
         model.train(training)
     return torch.cat(out)
 
 
-def response_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_width: int) -> Tensor:
-    """[B, T, V] logits predicting the tokens after `prompt_width` (the responses), on the model's device.
+def response_logits(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_width: int, temperature: float = 1.0
+) -> Tensor:
+    """[B, T, V] logits predicting the tokens after `prompt_width` (the responses), on the model's device, divided by
+    `temperature`: the policy the rollout sampled from at that temperature (`rollout.temperature`), whose log-probs,
+    ratios, KL and entropy the update takes, as verl's and OpenRLHF's actors do.
 
     Positions count real tokens only (left padding does not shift them), as generation counted them, so training
     scores each token at the position the rollout generated it.
@@ -137,4 +143,5 @@ def response_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: T
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    return logits[:, prompt_width - 1 : -1]
+    logits = logits[:, prompt_width - 1 : -1]
+    return logits if temperature == 1.0 else logits.div_(temperature)  # in place: no second [B, T, V] tensor

@@ -332,6 +332,11 @@ class GenerationConfig(ComponentConfig):
             "in (0, 1] (a share of the device's memory)",
         )
 
+    @property
+    def scoring_temperature(self) -> float:
+        """The temperature the update scores responses at: the one they were sampled at (greedy sampling: 1)."""
+        return self.temperature or 1.0
+
 
 LORA_SYNCS = ("merged", "adapters")
 """`actor.lora.sync`: what weight sync sends of an adapted policy."""

@@ -199,6 +199,7 @@ def llm_update(
     shard: Shard | None = None,
     max_tokens_per_micro_batch: int | None = None,
     max_response_tokens: int | None = None,
+    temperature: float = 1.0,
 ) -> dict[str, float]:
     """Run `update_epochs` x `num_minibatches` optimizer steps on `batch`'s rows; returns train/* means over them.
 
@@ -221,7 +222,9 @@ def llm_update(
     whole batch); the update and its stats are then the global batch's. `max_tokens_per_micro_batch` cuts each
     optimizer step's rows into passes of about that many tokens (`micro_batches`); None: one pass per step.
     `max_response_tokens` is the generation budget (rollout.max_new_tokens), which alg.loss_agg
-    `seq_mean_token_sum_norm` divides by. The gradients are freed at the end.
+    `seq_mean_token_sum_norm` divides by. `temperature` is the one the responses were sampled at
+    (`response_logits`), which batch.old_logprobs and ref_logprobs were scored at too. The gradients are freed at the
+    end.
     """
     if batch.old_logprobs is None:
         raise ValueError("llm_update needs batch.old_logprobs (the inference worker fills them)")
@@ -277,7 +280,7 @@ def llm_update(
     # A rank's loss is its part of the global minibatch's; the gradient averaging over ranks divides by their count.
     scale = 1.0 if shard is None else float(shard.world_size)
     for (_, counts), plan in zip(steps, plans, strict=True):  # update_epochs x num_minibatches steps on every rank
-        terms = functools.partial(_policy_pass, policy, batch, advantages, weights, alg, counts=counts)
+        terms = functools.partial(_policy_pass, policy, batch, advantages, weights, alg, temperature, counts=counts)
         step_stats = _accumulate(policy, optimizer, plan, terms, scale, strategy)
         step_stats["grad_norm"] = optimizer_step(policy, optimizer, alg.max_grad_norm, strategy)
         if critic is not None:
@@ -344,12 +347,13 @@ def _policy_pass(
     advantages: Tensor,
     weights: Tensor | None,
     alg: ReasoningAlgorithmConfig,
+    temperature: float,
     micro_batch: MicroBatch,
     counts: Counts,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     rows, columns = micro_batch.rows, slice(None, micro_batch.length)
     input_ids, attention_mask, width = _trimmed_inputs(batch, micro_batch)
-    logits = response_logits(policy, input_ids, attention_mask, width)
+    logits = response_logits(policy, input_ids, attention_mask, width, temperature)
     device = logits.device
     row_mask = batch.action_mask[rows, columns].to(device)
     logprobs = logprobs_from_logits(logits, input_ids[:, width:].to(device))

@@ -57,13 +57,14 @@ class InferenceWorker(Worker):
         mine = micro_batches_of(self.rank, self.world_size, num_micro_batches)
         for _ in mine:
             batch: SequenceBatch = inbox.get(key=f"inference{self.rank}")
+            temperature = self.cfg.rollout.scoring_temperature
             with self.span("inference"):
-                batch.old_logprobs = response_logprobs(self.policy, batch)
+                batch.old_logprobs = response_logprobs(self.policy, batch, temperature)
                 if self.shared_reference:
                     with lora.without_adapters(self.policy):
-                        batch.ref_logprobs = response_logprobs(self.policy, batch)
+                        batch.ref_logprobs = response_logprobs(self.policy, batch, temperature)
                 elif self.reference is not None:
-                    batch.ref_logprobs = response_logprobs(self.reference, batch)
+                    batch.ref_logprobs = response_logprobs(self.reference, batch, temperature)
             out.put(batch, key=consumer_key("actor", batch.index, self.actor_world_size))
         if self.strategy.collective_passes:  # the passes of the micro-batches rank 0 has more of
             missing = len(micro_batches_of(0, self.world_size, num_micro_batches)) - len(mine)
