@@ -337,6 +337,11 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
         [*REASONING, "rollout.multi_turn.interaction=retry", "rollout.multi_turn.feedback_template=again"],
         "rollout.multi_turn.feedback_template = 'again' is invalid: a text holding {feedback}",
     ),
+    "behaviour log-probs": (
+        "rlplace-plan",
+        [*REASONING, "algorithm.behaviour_logprobs=engine"],
+        "algorithm.behaviour_logprobs = 'engine' is invalid: valid: inference, rollout",
+    ),
     "top p": ("rlplace-plan", [*REASONING, "rollout.top_p=0"], "rollout.top_p = 0.0 is invalid: in (0, 1]"),
     "sampled greedy evaluation": ("rlplace-train", [*REASONING, "rollout.eval_samples=4"], "rollout.eval_samples = 4"),
     "data pattern": ("rlplace-train", [*DATASET, "task.train_path=/no/*.jsonl"], "'/no/*.jsonl' is invalid: no file"),

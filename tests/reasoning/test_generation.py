@@ -27,6 +27,7 @@ import torch
 from rlplace.core.config import ClusterConfig
 from rlplace.core.errors import ConfigError
 from rlplace.reasoning import lora
+from rlplace.reasoning.batch import response_logprobs
 from rlplace.reasoning.config import LoRAConfig, MultiTurnConfig
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine, sequence_seed
 from rlplace.reasoning.generation.hf import HFEngine
@@ -38,6 +39,7 @@ from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import reward_function
 from rlplace.reasoning.streams import micro_batches_of
 from rlplace.reasoning.tasks.prompts import Problem
+from rlplace.reasoning.workers.rollout import pack, padded
 from rlplace.scheduler import Cluster, Worker, WorkerGroup
 from tests.conftest import SessionRay
 from tests.scheduler.helpers import on_devices
@@ -400,6 +402,27 @@ def test_samples_follow_the_softmax(models, engine, top_p, top_k):
     assert distance < 2 * expected, (distance, expected)
 
 
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(0.0, 1.0, 0), (0.7, 1.0, 0), (1.5, 0.9, 5)])
+def test_the_engine_reports_the_log_probs_of_the_tokens_it_drew(models, engine, temperature, top_p, top_k):
+    """Each token's log-prob under the distribution it was drawn from: softmax(logits / T) (greedy: T = 1), what
+    training scores it at (`response_logprobs`), up to the kernels; with top-k and top-p, the token's share of what
+    they keep (vLLM's processed log-probs), above its share of the whole softmax. The tokens are those drawn
+    without asking."""
+    sampling = {"max_new_tokens": 8, "temperature": temperature, "seed": 5, "top_p": top_p, "top_k": top_k}
+    ids = list(range(16))
+    responses, logprobs = engine.generate(models.prompts, ids, logprobs=True, **sampling)
+    assert responses == engine.generate(models.prompts, ids, **sampling)
+    assert [len(lp) for lp in logprobs] == [len(r) for r in responses]
+    batch = pack(0, models.prompts, responses, [Problem("", "")] * 16, 8)
+    scored = response_logprobs(load_causal_lm(models.sums), batch, temperature or 1.0)
+    drawn = padded(logprobs, 8, torch.float32)
+    mask = batch.response_mask.bool()
+    if top_k:
+        assert (drawn[mask] >= scored[mask] - 1e-4).all() and (drawn[mask] > scored[mask] + 1e-3).any()
+    else:
+        assert torch.allclose(drawn[mask], scored[mask], atol=1e-4), (drawn - scored).abs().max()
+
+
 def test_responses_stop_at_eos_or_max_new_tokens(models, engine):
     full = _greedy(engine, models.prompts, max_new_tokens=8)
     assert all(len(r) <= 8 and EOS not in r[:-1] for r in full)
@@ -597,6 +620,28 @@ def test_retry_answers_a_wrong_turn_and_ends_at_a_correct_one(models, engine):
             assert [tokenizer.decode(run) for run in _feedback_runs(response, mask)] == [RETRY_TEXT[:8]]
             assert turns.user_turns[row] == 1 and turns.scores[row] == 0.0
     assert 0 < sum(turns.user_turns) < 32
+
+
+def test_responses_in_turns_carry_the_log_probs_of_the_models_tokens(models, engine):
+    """Asked for log-probs, a response made in turns has one per token: the engine's for the model's tokens, 0 for
+    the tool's and the interaction's; the tokens are those made without asking."""
+    prompts = [p[:-1] for p in models.prompts]
+    problems = [Problem(f"{a}+{b}", str(a + b), {"sum": a + b}) for a, b in PAIRS]
+    calling = _tool_calling(models, interaction=f"{__name__}:counted")
+    sampling = {"max_new_tokens": 12, "temperature": 1.0, "seed": 2}
+    plain = calling.generate(engine, prompts, list(range(16)), problems, **sampling)
+    turns = calling.generate(engine, prompts, list(range(16)), problems, logprobs=True, **sampling)
+    assert turns.responses == plain.responses and turns.tool_masks == plain.tool_masks and not any(plain.logprobs)
+    for mask, logprobs in zip(turns.tool_masks, turns.logprobs, strict=True):
+        assert len(logprobs) == len(mask) and all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if m)
+    drawn = [
+        lp
+        for mask, logprobs in zip(turns.tool_masks, turns.logprobs, strict=True)
+        for lp, m in zip(logprobs, mask, strict=True)
+        if not m
+    ]
+    assert all(lp <= 0.0 for lp in drawn) and sum(lp < 0.0 for lp in drawn) > len(drawn) // 2
+    assert any(any(mask) for mask in turns.tool_masks)
 
 
 def test_a_call_end_of_several_tokens_is_refused(models):

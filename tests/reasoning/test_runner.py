@@ -92,8 +92,8 @@ RUNS = {
     # for the stages to overlap even when generation is quick), routed over 2 actor ranks that average their
     # gradients and train LoRA adapters, which weight sync sends alone (the engines apply them; the inference group's
     # policy copy scores the KL term's reference with them off); generation with vLLM, one engine split over 2
-    # rollout ranks (hf on 1 rank without vLLM); profiled for the planner (the actor's passes timed on both ranks at
-    # once after the run).
+    # rollout ranks (hf on 1 rank without vLLM), its tokens' log-probs the behaviour policy's; profiled for the
+    # planner (the actor's passes timed on both ranks at once after the run).
     "disaggregated": [
         "experiment=arithmetic_grpo_disagg",
         "task.prompts_per_step=16",
@@ -104,6 +104,9 @@ RUNS = {
         "actor.lora.sync=adapters",
         "algorithm.kl_coef=0.01",
         "algorithm.ent_coef=0.01",  # a gradient even where every reward of the untrained model is 0
+        "algorithm.behaviour_logprobs=rollout",  # the update weighs tokens by the engine's own log-probs of them,
+        "algorithm.off_policy_correction=truncated_is",  # truncated at 2 (the rollout-training mismatch)
+        "algorithm.behaviour_weight_cap=2.0",
         *(SPLIT_ROLLOUT if VLLM else []),
         "runner.profile=true",
     ],
@@ -342,6 +345,11 @@ def test_vllm_backend_trains_and_its_weights_follow_the_actor(runs: Runs) -> Non
         e["args"]["rank"] for e in events if e["ph"] == "X" and e["name"] == "rollout_generate"
     )
     assert generated[0] == generated[1] >= 16
+    # The engine's log-probs of its tokens against the inference group's of the same weights (LoRA adapters applied
+    # by vLLM, merged into the copy's forward pass): float32 kernels on a CPU differ in the last bits alone.
+    for row in rows:
+        assert 0.0 <= row["rollout/mismatch_kl"] < 1e-4
+        assert row["train/behaviour_weight"] == pytest.approx(1.0, abs=1e-3)
 
 
 @pytest.mark.slow

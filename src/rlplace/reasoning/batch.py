@@ -52,6 +52,9 @@ class SequenceBatch:
     tool_mask: Tensor | None = None
     """[B, T] 1 on response tokens a tool or the interaction wrote (`rollout.multi_turn`); None: the model wrote every
     one."""
+    rollout_logprobs: Tensor | None = None
+    """[B, T] the rollout engine's log-probs of the tokens it drew (`algorithm.behaviour_logprobs: rollout`; 0 where
+    a tool or the interaction wrote); None: not asked for."""
     interaction_scores: Tensor | None = None
     """[B] the interaction's scores of each response's turns, summed (`rollout.multi_turn.interaction`); the reward
     worker adds them to the training reward."""

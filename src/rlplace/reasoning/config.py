@@ -33,6 +33,8 @@ COMPONENTS = ("rollout", "reward", "inference", "actor")
 OFFLOAD_SWITCHES = ("actor", "rollout", "inference")
 """The components whose `enable_offload` placement presets, `placement=auto` and the memory check choose (a reward
 model's is on by default and left as the run sets it)."""
+BEHAVIOUR_LOGPROBS = ("inference", "rollout")
+"""`algorithm.behaviour_logprobs`: which group's log-probs stand for the policy that sampled a response."""
 
 __all__ = [
     "ActorConfig",
@@ -141,10 +143,18 @@ class ReasoningAlgorithmConfig(PolicyGradientConfig):
     max_generation_rounds: int = 3
     """filter_groups: rounds of generation per micro-batch at most; a micro-batch still short after them is filled
     with dropped groups (under GRPO they add nothing to the update)."""
+    behaviour_logprobs: str = "inference"
+    """Where the log-probs of the policy that sampled a response (π_behav of off_policy_correction) come from.
+    `inference`: the inference group's scoring of the weights that generated it, which are the proximal policy's
+    unless runner.max_staleness > 0 (then the correction weighs staleness alone). `rollout`: the rollout engine's own
+    log-probs of the tokens it drew, so that the correction also weighs what the engine's kernels and precision make
+    of the same weights against what training's make of them (the rollout-training mismatch; Yao et al. 2025's
+    truncated importance sampling with off_policy_correction=truncated_is), logged as `rollout/mismatch_kl`."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         algorithm = ALGORITHMS[self.name]
+        check_choice("algorithm.behaviour_logprobs", self.behaviour_logprobs, BEHAVIOUR_LOGPROBS)
         rounds = self.max_generation_rounds
         check(rounds >= 1, "algorithm.max_generation_rounds", rounds, "at least 1")
         check(

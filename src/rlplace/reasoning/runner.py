@@ -44,7 +44,14 @@ from rlplace.reasoning.config import FAMILY, ReasoningConfig
 from rlplace.reasoning.evaluation import eval_metrics
 from rlplace.reasoning.phases import PHASES
 from rlplace.reasoning.rewards import METRIC_PREFIX
-from rlplace.reasoning.streams import FILTERED_GROUPS, GENERATION_ROUNDS, TOOL_CALLS, TRUNCATED, USER_TURNS
+from rlplace.reasoning.streams import (
+    FILTERED_GROUPS,
+    GENERATION_ROUNDS,
+    MISMATCH_KL,
+    TOOL_CALLS,
+    TRUNCATED,
+    USER_TURNS,
+)
 from rlplace.scheduler import Channel, GroupFuture, WorkerGroup, wait_all
 
 log = logging.getLogger(__name__)
@@ -188,7 +195,7 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
             metrics[GENERATION_ROUNDS] = advantages[GENERATION_ROUNDS] / self.num_micro_batches
         metrics["rollout/response_length"] = advantages["response_tokens"] / advantages["rows"]
         metrics["rollout/clip_ratio"] = advantages[TRUNCATED] / advantages["rows"]
-        for per_response in (TOOL_CALLS, USER_TURNS):
+        for per_response in (TOOL_CALLS, USER_TURNS, MISMATCH_KL):
             if per_response in advantages:
                 metrics[per_response] = advantages[per_response] / advantages["rows"]
         metrics["rollout/response_tokens"] = advantages["response_tokens"]

@@ -16,6 +16,9 @@ TOOL_CALLS = "rollout/tool_calls"
 """rollout.multi_turn: the tool calls of a micro-batch's responses; a step logs their mean per response."""
 USER_TURNS = "rollout/user_turns"
 """rollout.multi_turn.interaction: the replies a micro-batch's responses read; a step logs their mean per response."""
+MISMATCH_KL = "rollout/mismatch_kl"
+"""algorithm.behaviour_logprobs=rollout: each response's mean per-token KL from the rollout engine's policy to the
+inference group's, the same weights; a step logs their mean per response."""
 SCORING_ROWS = 64
 """Rows per forward pass when a micro-batch is scored (`batch.response_logprobs`): bounds the logits a pass holds, a
 vocabulary's width per token; sharded inference ranks count their passes by it (`workers.inference.keep_in_step`)."""

@@ -42,7 +42,8 @@ class GenerationEngine(Protocol):
         top_p: float = 1.0,
         top_k: int = 0,
         stop_ids: Sequence[int] = (),
-    ) -> list[list[int]]:
+        logprobs: bool = False,
+    ) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
         """Each prompt's response token ids (no padding; ending with EOS where it stopped on EOS).
 
         `prompts` are token ids including BOS. `max_new_tokens` is one limit for every sequence or one per sequence.
@@ -50,7 +51,9 @@ class GenerationEngine(Protocol):
         the fewest whose probability reaches `top_p`, renormalised. Sampling randomness is keyed by (seed,
         sample_ids[i]) for sequence i. A sequence also stops after any of `stop_ids` (a tool call's end token),
         which ends its response as EOS does. `ignore_eos` decodes `max_new_tokens` tokens whatever they are (for
-        benchmarks, where every response should have the same length).
+        benchmarks, where every response should have the same length). With `logprobs`, also each token's log-prob
+        under the distribution it was drawn from (temperature applied, then top-k and top-p, renormalised; greedy:
+        under the plain softmax), as `(responses, logprobs)`.
         """
         ...
 

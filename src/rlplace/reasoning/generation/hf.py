@@ -78,7 +78,8 @@ class HFEngine:
         top_p: float = 1.0,
         top_k: int = 0,
         stop_ids: Sequence[int] = (),
-    ) -> list[list[int]]:
+        logprobs: bool = False,
+    ) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
         """See `GenerationEngine.generate`. Prompts are left-padded; positions count real tokens only. Rows decode
         together up to the largest limit; each is cut to its own."""
         limits = check_lengths(prompts, sample_ids, max_new_tokens, self.max_model_len)
@@ -98,11 +99,12 @@ class HFEngine:
         stops = torch.tensor([*self.eos_ids, *stop_ids], device=self.device)
         last = torch.tensor(limits, device=self.device) - 1  # each row's last step
         may_end_early = not ignore_eos or min(limits) < max_new_tokens
-        tokens = []
+        tokens, token_logprobs = [], []
         for step in range(max_new_tokens):
-            token = pick(logits, temperature, None if uniforms is None else uniforms[:, step], top_p, top_k)
+            token, logprob = pick(logits, temperature, None if uniforms is None else uniforms[:, step], top_p, top_k)
             token = token.masked_fill(done, self.pad_id)
             tokens.append(token)
+            token_logprobs.append(logprob)
             if not ignore_eos:
                 done |= torch.isin(token, stops)
             done |= last == step
@@ -112,7 +114,12 @@ class HFEngine:
                 break
             logits = decoder.step(token)
         grid = torch.stack(tokens, dim=1).cpu().tolist()
-        return self._responses([row[:limit] for row, limit in zip(grid, limits, strict=True)], ignore_eos, stop_ids)
+        cut = [row[:limit] for row, limit in zip(grid, limits, strict=True)]
+        responses = self._responses(cut, ignore_eos, stop_ids)
+        if not logprobs:
+            return responses
+        values = torch.stack(token_logprobs, dim=1).cpu().tolist()
+        return responses, [row[: len(response)] for row, response in zip(values, responses, strict=True)]
 
     def _decoder(self, rows: int, tokens: int) -> Decoder:
         if self.decoding == "dynamic":
@@ -170,15 +177,20 @@ class HFEngine:
         """Nothing to release: the model is an ordinary module, freed with the engine."""
 
 
-def pick(logits: Tensor, temperature: float, uniforms: Tensor | None, top_p: float = 1.0, top_k: int = 0) -> Tensor:
-    """Each row's next token: the argmax (temperature 0), else the inverse CDF of softmax(logits / temperature) at
-    the row's uniform. Rows are independent, so a row's token depends on its logits and uniform alone.
+def pick(
+    logits: Tensor, temperature: float, uniforms: Tensor | None, top_p: float = 1.0, top_k: int = 0
+) -> tuple[Tensor, Tensor]:
+    """Each row's next token and its log-prob under the distribution it was drawn from: the argmax (temperature 0;
+    its log-prob under softmax(logits)), else the inverse CDF of softmax(logits / temperature) at the row's uniform.
+    Rows are independent, so a row's token depends on its logits and uniform alone.
 
     With `top_k` > 0 or `top_p` < 1 the CDF runs over the tokens sorted by probability (ties by id), cut to the `top_k`
     first, then to the fewest of those whose renormalised mass reaches `top_p` (the most likely always kept), as
-    transformers' and vLLM's filters, applied in that order, keep them."""
+    transformers' and vLLM's filters, applied in that order, keep them; the log-prob is then the token's share of
+    what is kept, as vLLM's `processed_logprobs` are."""
     if uniforms is None:
-        return logits.argmax(dim=-1)
+        token = logits.argmax(dim=-1)
+        return token, torch.log_softmax(logits.float(), dim=-1).gather(-1, token[:, None])[:, 0]
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     order = None
     if top_k > 0 or top_p < 1:
@@ -190,8 +202,10 @@ def pick(logits: Tensor, temperature: float, uniforms: Tensor | None, top_p: flo
             probs = probs * (probs.cumsum(dim=-1) - probs < top_p)  # the mass before a token is short of top_p
     cdf = probs.cumsum(dim=-1)
     target = (uniforms * cdf[:, -1]).unsqueeze(-1)
-    token = torch.searchsorted(cdf, target).clamp(max=logits.shape[-1] - 1)
-    return (token if order is None else order.gather(-1, token)).squeeze(-1)
+    position = torch.searchsorted(cdf, target).clamp(max=logits.shape[-1] - 1)
+    logprob = (probs.gather(-1, position) / cdf[:, -1:]).log()[:, 0]
+    token = position if order is None else order.gather(-1, position)
+    return token.squeeze(-1), logprob
 
 
 def build(model_path: str, device: torch.device, max_model_len: int | None, options: EngineOptions) -> HFEngine:

@@ -61,10 +61,14 @@ class Turns:
     """The interaction's replies each row's model read."""
     scores: list[float] = field(default_factory=list)
     """The interaction's scores of each row's turns, summed."""
+    logprobs: list[list[float]] = field(default_factory=list)
+    """With `logprobs`, each token's log-prob under the distribution the engine drew it from (0 where a tool or the
+    interaction wrote it); as long as the response. Empty lists otherwise."""
 
     @classmethod
     def empty(cls, rows: int) -> Turns:
-        return cls([[] for _ in range(rows)], [[] for _ in range(rows)], [0] * rows, [0] * rows, [0.0] * rows)
+        lists = [[[] for _ in range(rows)] for _ in range(3)]
+        return cls(lists[0], lists[1], [0] * rows, [0] * rows, [0.0] * rows, lists[2])
 
 
 class MultiTurn:
@@ -91,9 +95,11 @@ class MultiTurn:
         problems: list[Problem],
         *,
         max_new_tokens: int,
+        logprobs: bool = False,
         **sampling: Any,
     ) -> Turns:
-        """Each prompt's response, `sampling` passed on to `engine.generate` (temperature, seed, top_p, top_k)."""
+        """Each prompt's response (with `logprobs`, its tokens' log-probs too), `sampling` passed on to
+        `engine.generate` (temperature, seed, top_p, top_k)."""
         rows = len(prompts)
         turns = Turns.empty(rows)
         texts: list[list[str]] = [[] for _ in range(rows)]
@@ -103,17 +109,20 @@ class MultiTurn:
         going = list(range(rows))
         turn = 0
         while going:
-            segments = engine.generate(
+            made = engine.generate(
                 [prompts[i] + turns.responses[i] for i in going],
                 [turn_sample_id(sample_ids[i], turn) for i in going],
                 max_new_tokens=[max_new_tokens - len(turns.responses[i]) for i in going],
                 stop_ids=[] if self.end_id is None else [self.end_id],
+                logprobs=logprobs,
                 **sampling,
             )
+            segments, segment_logprobs = made if logprobs else (made, [[] for _ in going])
             still = []
-            for i, segment in zip(going, segments, strict=True):
+            for i, segment, segment_logprob in zip(going, segments, segment_logprobs, strict=True):
                 turns.responses[i] += segment
                 turns.tool_masks[i] += [0] * len(segment)
+                turns.logprobs[i] += segment_logprob
                 if not segment:
                     continue
                 if segment[-1] == self.end_id:
@@ -127,6 +136,10 @@ class MultiTurn:
                     still.append(i)
             going = still
             turn += 1
+        if logprobs:  # the model's tokens' log-probs, 0 where a tool or the interaction wrote
+            for row, mask in enumerate(turns.tool_masks):
+                drawn = iter(turns.logprobs[row])
+                turns.logprobs[row] = [0.0 if written else next(drawn) for written in mask]
         return turns
 
     def _call(self, turns: Turns, row: int, segment: list[int], problem: Problem, max_new_tokens: int) -> bool:

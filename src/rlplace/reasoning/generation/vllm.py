@@ -151,6 +151,7 @@ class VLLMEngine:
                 enforce_eager=not on_gpu,
                 generation_config="vllm",
                 disable_log_stats=True,
+                logprobs_mode="processed_logprobs",  # the distribution a token was drawn from, as the hf engine's
                 tensor_parallel_size=tensor_parallel_size,
                 **split,
                 **device_args,
@@ -172,7 +173,8 @@ class VLLMEngine:
         top_p: float = 1.0,
         top_k: int = 0,
         stop_ids: Sequence[int] = (),
-    ) -> list[list[int]]:
+        logprobs: bool = False,
+    ) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
         """See `GenerationEngine.generate`; vLLM schedules the requests (continuous batching) as it sees fit."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -188,13 +190,21 @@ class VLLMEngine:
                 stop_token_ids=None if ignore_eos else [*self.eos_ids, *stop_ids],
                 ignore_eos=ignore_eos,
                 detokenize=False,
+                logprobs=0 if logprobs else None,  # the sampled token's alone
             )
             for sample_id, limit in zip(sample_ids, limits, strict=True)
         ]
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False, lora_request=self.adapter
         )
-        return [list(out.outputs[0].token_ids) for out in outputs]
+        responses = [list(out.outputs[0].token_ids) for out in outputs]
+        if not logprobs:
+            return responses
+        picked = [
+            [float(position[token].logprob) for token, position in zip(response, out.outputs[0].logprobs, strict=True)]
+            for response, out in zip(responses, outputs, strict=True)
+        ]
+        return responses, picked
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Reload the weights in place, consuming `weights` as vLLM's loader takes them (the engine runs in this

@@ -65,6 +65,8 @@ class LLMRolloutWorker(Worker):
         if multi_turn.enabled:
             chat = uses_chat_template(self.tokenizer, cfg.task)
             self.multi_turn = MultiTurn(self.tokenizer, multi_turn, self.reward, chat)
+        self.logprobs = cfg.algorithm.behaviour_logprobs == "rollout"
+        """The engine returns its tokens' log-probs, which the actor weighs the update by."""
         self.version = 0
         """The initial weights are the model folder's, as the actor's are: version 0."""
 
@@ -122,9 +124,18 @@ class LLMRolloutWorker(Worker):
             base = (step * task.prompts_per_step + first) * group
             if round_:  # ids of their own, above those of the first round of every step
                 base += (1 << 40) * round_
-            made = self._tokens(rows, [base + i for i in range(len(rows))], self.cfg.rollout.temperature)
+            ids = [base + i for i in range(len(rows))]
+            made = self._tokens(rows, ids, self.cfg.rollout.temperature, self.logprobs)
             turns = made.turns
-            columns = (turns.responses, rows, turns.tool_masks, turns.calls, turns.user_turns, turns.scores)
+            columns = (
+                turns.responses,
+                rows,
+                turns.tool_masks,
+                turns.calls,
+                turns.user_turns,
+                turns.scores,
+                turns.logprobs,
+            )
             samples = list(zip(made.prompts, *columns, strict=True))
             if not alg.filter_groups:
                 kept = samples
@@ -139,12 +150,15 @@ class LLMRolloutWorker(Worker):
             if len(kept) >= size * group:
                 break
         samples = (kept + dropped)[: size * group]
-        prompts, responses, problems, tool_masks, calls, user_turns, interaction = map(list, zip(*samples, strict=True))
-        multi_turn = self.cfg.rollout.multi_turn
-        batch = pack(index, prompts, responses, problems, self.cfg.rollout.max_new_tokens)
+        columns = list(map(list, zip(*samples, strict=True)))
+        prompts, responses, problems, tool_masks, calls, user_turns, interaction, logprobs = columns
+        multi_turn, width = self.cfg.rollout.multi_turn, self.cfg.rollout.max_new_tokens
+        batch = pack(index, prompts, responses, problems, width)
         batch.meta[TRUNCATED] = float(sum(self._truncated(response) for response in responses))
+        if self.logprobs:
+            batch.rollout_logprobs = padded(logprobs, width, torch.float32)
         if multi_turn.enabled:
-            batch.tool_mask = masks_tensor(tool_masks, self.cfg.rollout.max_new_tokens)
+            batch.tool_mask = padded(tool_masks, width, torch.long)
         if multi_turn.tool is not None:
             batch.meta[TOOL_CALLS] = float(sum(calls))
         if multi_turn.interaction is not None:
@@ -160,9 +174,11 @@ class LLMRolloutWorker(Worker):
         return len(response) == self.cfg.rollout.max_new_tokens and response[-1] not in self.engine.eos_ids
 
     @torch.no_grad()
-    def _tokens(self, problems: list[Problem], sample_ids: list[int], temperature: float) -> Generated:
-        """The prompts' token ids and the response to each: the engine's, or made in turns with a tool or an
-        interaction (`rollout.multi_turn`)."""
+    def _tokens(
+        self, problems: list[Problem], sample_ids: list[int], temperature: float, logprobs: bool = False
+    ) -> Generated:
+        """The prompts' token ids and the response to each (with `logprobs`, the engine's log-probs of its tokens):
+        the engine's, or made in turns with a tool or an interaction (`rollout.multi_turn`)."""
         prompts = encode_prompts(self.tokenizer, problems, self.cfg.task)
         rollout = self.cfg.rollout
         sampling = {
@@ -171,15 +187,13 @@ class LLMRolloutWorker(Worker):
             "top_p": rollout.top_p,
             "top_k": rollout.top_k,
         }
-        if self.multi_turn is None:
-            turns = Turns.empty(len(prompts))
-            turns.responses = self.engine.generate(
-                prompts, sample_ids, max_new_tokens=rollout.max_new_tokens, **sampling
-            )
-            return Generated(prompts, turns)
-        turns = self.multi_turn.generate(
-            self.engine, prompts, sample_ids, problems, max_new_tokens=rollout.max_new_tokens, **sampling
-        )
+        sampling["max_new_tokens"] = rollout.max_new_tokens
+        sampling["logprobs"] = logprobs
+        if self.multi_turn is not None:
+            return Generated(prompts, self.multi_turn.generate(self.engine, prompts, sample_ids, problems, **sampling))
+        turns = Turns.empty(len(prompts))
+        made = self.engine.generate(prompts, sample_ids, **sampling)
+        turns.responses, turns.logprobs = made if logprobs else (made, turns.logprobs)
         return Generated(prompts, turns)
 
     @timer("evaluate")
@@ -244,9 +258,10 @@ def pack(
     return SequenceBatch(index, prompt_ids, prompt_mask, response_ids, response_mask, problems)
 
 
-def masks_tensor(masks: list[list[int]], width: int) -> torch.Tensor:
-    """[B, width] the rows' token masks, right-padded with 0 (`SequenceBatch.tool_mask`)."""
-    out = torch.zeros(len(masks), width, dtype=torch.long)
-    for i, mask in enumerate(masks):
-        out[i, : min(len(mask), width)] = torch.tensor(mask[:width], dtype=torch.long)
+def padded(rows: list[list[int]] | list[list[float]], width: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B, width] per-token values of the responses (`SequenceBatch.tool_mask`, `rollout_logprobs`), right-padded
+    with 0."""
+    out = torch.zeros(len(rows), width, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : min(len(row), width)] = torch.tensor(row[:width], dtype=dtype)
     return out
