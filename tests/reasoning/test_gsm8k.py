@@ -95,6 +95,8 @@ def test_the_gsm8k_example_trains(
         "runner.eval_before_train=false",  # evaluated after the last step only
         "task.filter_overlong_prompts=true",
         "algorithm.group_size=4",
+        "rollout.temperature=0.7",  # sampled at 0.7, scored at 0.7 by the inference group and the update alike:
+        "algorithm.num_minibatches=1",  # the update's one step starts at ratio 1 (train/approx_kl 0)
         "runner.max_steps=2",
         "logger=jsonl",
         # The preset's collocated placement with one process per component instead of two (each imports torch and
@@ -109,6 +111,7 @@ def test_the_gsm8k_example_trains(
     assert [row["step"] for row in rows] == [0, 1]
     for key in ("reward/score", "reward/correct", "reward/format", "train/policy_loss", "rollout/response_length"):
         assert key in rows[0], key
+    assert all(abs(row["train/approx_kl"]) < 1e-6 for row in rows), [row["train/approx_kl"] for row in rows]
     # Evaluated after the last step; two sources of 4 problems: the mean is the mean of their means.
     last = rows[-1]
     sources = [last["eval/accuracy/test0"], last["eval/accuracy/test1"]]
