@@ -25,6 +25,7 @@ from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.tasks.prompts import Problem
 from rlplace.reasoning.update import compute_advantages, llm_update, reward_kl
+from rlplace.reasoning.workers.actor import mismatch_kl
 from tests.data_parallel import ThreadRanks
 
 GROUP = 4
@@ -569,3 +570,21 @@ def test_a_tools_tokens_are_read_as_context_and_never_trained_on(folder):
     torch.testing.assert_close(noisy_weights, weights)
     assert noisy_stats == pytest.approx(stats)
     assert not torch.allclose(weights, trained_on_all[0])
+
+
+def test_the_mismatch_kl_is_each_responses_mean_over_the_models_tokens() -> None:
+    """`rollout/mismatch_kl`: k3 of the engine's log-probs against the inference group's, a mean per response over the
+    tokens the model wrote (a tool's left out), summed over responses; in float64, so that differences in float32's
+    last bits still give a KL of about half their square, never a negative one."""
+    batch = SequenceBatch(
+        0,
+        torch.ones(2, 1, dtype=torch.long),
+        torch.ones(2, 1, dtype=torch.long),
+        torch.ones(2, 3, dtype=torch.long),
+        torch.tensor([[1, 1, 0], [1, 1, 1]]),
+        [Problem("", "")] * 2,
+        tool_mask=torch.tensor([[0, 0, 0], [0, 1, 0]]),
+    )
+    batch.old_logprobs = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.25, -3.0]])
+    batch.rollout_logprobs = batch.old_logprobs + torch.tensor([[1e-4, 1e-4, 5.0], [2e-4, 5.0, 2e-4]])
+    assert mismatch_kl(batch) == pytest.approx(0.5 * 1e-8 + 0.5 * 4e-8, rel=1e-3)

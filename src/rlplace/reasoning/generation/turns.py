@@ -67,8 +67,10 @@ class Turns:
 
     @classmethod
     def empty(cls, rows: int) -> Turns:
-        lists = [[[] for _ in range(rows)] for _ in range(3)]
-        return cls(lists[0], lists[1], [0] * rows, [0] * rows, [0.0] * rows, lists[2])
+        def lists() -> list:
+            return [[] for _ in range(rows)]
+
+        return cls(lists(), lists(), [0] * rows, [0] * rows, [0.0] * rows, lists())
 
 
 class MultiTurn:

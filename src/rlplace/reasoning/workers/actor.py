@@ -328,6 +328,8 @@ def mismatch_kl(batch: SequenceBatch) -> float:
     the engine's samples), both of the weights that generated it: what the engine's kernels and precision make of the
     policy against what training's make of it."""
     assert batch.rollout_logprobs is not None and batch.old_logprobs is not None
-    tokens = kl_divergence(batch.rollout_logprobs, batch.old_logprobs, "low_var_kl")
+    # In float64: where the two agree to float32's last bits, k3 (about half the squared difference) is smaller than
+    # the rounding of exp(x) - x - 1 in float32.
+    tokens = kl_divergence(batch.rollout_logprobs.double(), batch.old_logprobs.double(), "low_var_kl")
     mask = batch.action_mask
     return float(((tokens * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum())
