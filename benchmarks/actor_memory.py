@@ -40,7 +40,7 @@ from rlplace.core.timing import median_seconds
 from rlplace.core.weights import buckets
 from rlplace.planner.memory import ALL_LINEAR, TransformerShape
 from rlplace.reasoning import lora
-from rlplace.reasoning.batch import SequenceBatch, response_logprobs
+from rlplace.reasoning.batch import SequenceBatch, response_logprobs, scoring_passes
 from rlplace.reasoning.config import LoRAConfig
 from rlplace.reasoning.generation.hf import HFEngine
 from rlplace.reasoning.models.char_tokenizer import build_char_tokenizer
@@ -64,6 +64,8 @@ STEPS = 2
 ROWS, SEQ_LEN = 2, 64
 SCORED_ROWS, SCORED_HALF = 16, 32
 """A scored micro-batch: rows of a 32-token prompt and a 32-token response."""
+SCORING_BUDGETS = (("ddp", 1, 256), ("fsdp", 2, 256))
+"""Inference ranks scoring in passes of 256 tokens (4 rows) instead of the micro-batch's 1,024 at once."""
 MIB = 2**20
 PARAMS = ("PARAM", "SHARDED_PARAM", "UNSHARDED_PARAM")
 GRADS = ("GRAD", "SHARDED_GRAD", "UNSHARDED_GRAD")
@@ -92,27 +94,34 @@ def predicted(strategy: str, world_size: int, lora_rank: int = 0) -> tuple[int, 
     return state, state + shape.activation_bytes(ROWS, SEQ_LEN, checkpointing=False), held
 
 
-def predicted_scoring(strategy: str, world_size: int) -> int:
-    """The planner's peak for one inference rank scoring a micro-batch, as `rlplace.reasoning.memory` predicts it."""
+def predicted_scoring(strategy: str, world_size: int, budget: int | None = None) -> int:
+    """The planner's peak for one inference rank scoring a micro-batch (in passes of `budget` tokens), as
+    `rlplace.reasoning.memory` predicts it."""
     shape = TransformerShape.from_config(CONFIG.to_dict())
     sharded = strategy == "fsdp"
     gathered = shape.largest_unit() * 4 if sharded else 0
-    return 2 * shape.frozen_bytes(world_size, sharded) + gathered + shape.scoring_bytes(SCORED_ROWS, 2 * SCORED_HALF)
+    seq_len = 2 * SCORED_HALF
+    rows = SCORED_ROWS if budget is None else max(1, min(SCORED_ROWS, budget // seq_len))
+    return 2 * shape.frozen_bytes(world_size, sharded) + gathered + shape.scoring_bytes(rows, seq_len)
 
 
-def rank_peak(rank: int, role: str, strategy: str, world_size: int, lora_rank: int, init: str, out: Path) -> None:
+def rank_peak(
+    rank: int, role: str, strategy: str, world_size: int, lora_rank: int, init: str, out: Path, budget: int | None
+) -> None:
     """Two AdamW steps (`role` actor, training LoRA adapters of `lora_rank` if not 0) or two models' scoring of a
-    micro-batch (inference) of one rank under `strategy`; writes its peak's categories (bytes) to `out`."""
+    micro-batch (inference, in passes of `budget` tokens) of one rank under `strategy`; writes its peak's categories
+    (bytes) to `out`."""
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world_size)
     torch.manual_seed(0)
     trainer = build_strategy(strategy, world_size, torch.device("cpu"))
-    peak = train_peak(rank, trainer, lora_rank) if role == "actor" else scoring_peak(rank, trainer)
+    peak = train_peak(rank, trainer, lora_rank) if role == "actor" else scoring_peak(rank, trainer, budget)
     torch.save({str(kind).rsplit(".", 1)[-1]: int(size) for kind, size in peak.items()}, out / f"rank{rank}.pt")
     dist.destroy_process_group()
 
 
-def scoring_peak(rank: int, holder: Strategy) -> dict:
-    """Every rank scores the same rows (a forward pass of sharded models is collective)."""
+def scoring_peak(rank: int, holder: Strategy, budget: int | None) -> dict:
+    """Every rank scores the same rows (a forward pass of sharded models is collective), in passes of `budget` tokens
+    (`inference.max_tokens_per_micro_batch`; None: all rows at once)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     # Not frozen as the inference worker's (MemTracker hooks every parameter's gradient, which a frozen one refuses):
@@ -126,7 +135,7 @@ def scoring_peak(rank: int, holder: Strategy) -> dict:
     tracker.track_external(*models)
     with tracker:
         for model in models:
-            response_logprobs(model, batch)
+            response_logprobs(model, batch, passes=scoring_passes(batch, budget))
     return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
 
 
@@ -169,10 +178,10 @@ def train_peak(rank: int, trainer: Strategy, lora_rank: int) -> dict:
     return {**tracker.get_tracker_snapshot("peak")[cpu], HELD: tracker.get_tracker_snapshot()[cpu]["Total"]}
 
 
-def measure(role: str, strategy: str, world_size: int, lora_rank: int = 0) -> dict[str, int]:
+def measure(role: str, strategy: str, world_size: int, lora_rank: int = 0, budget: int | None = None) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch)
-        args = (role, strategy, world_size, lora_rank, str(out / "init"), out)
+        args = (role, strategy, world_size, lora_rank, str(out / "init"), out, budget)
         mp.spawn(rank_peak, args=args, nprocs=world_size)
         return torch.load(out / "rank0.pt")
 
@@ -180,21 +189,23 @@ def measure(role: str, strategy: str, world_size: int, lora_rank: int = 0) -> di
 def inference_table() -> list[str]:
     rows = []
     baseline = None
-    for strategy, world_size in RUNS:
-        total = measure("inference", strategy, world_size)["Total"]
+    for strategy, world_size, budget in [(*run, None) for run in RUNS] + list(SCORING_BUDGETS):
+        total = measure("inference", strategy, world_size, budget=budget)["Total"]
         baseline = baseline or total
-        whole = predicted_scoring(strategy, world_size)
+        whole = predicted_scoring(strategy, world_size, budget)
+        tokens = SCORED_ROWS * 2 * SCORED_HALF if budget is None else budget
         rows.append(
-            f"| {strategy} | {world_size} | {total / MIB:.0f} | {total / baseline:.0%} | {whole / MIB:.0f} | "
-            f"{whole / total - 1:+.0%} |"
+            f"| {strategy} | {world_size} | {tokens} | {total / MIB:.0f} | {total / baseline:.0%} | "
+            f"{whole / MIB:.0f} | {whole / total - 1:+.0%} |"
         )
         print(rows[-1], file=sys.stderr)
     return [
         f"Inference ranks: the policy's copy and the reference model (float32) scoring {SCORED_ROWS} x "
-        f"{2 * SCORED_HALF} tokens each; rank 0's peak, MiB.",
+        f"{2 * SCORED_HALF} tokens each, at once or in passes of a token budget "
+        "(`inference.max_tokens_per_micro_batch`); rank 0's peak, MiB.",
         "",
-        "| strategy | ranks | peak | of 1 rank | predicted peak | error |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| strategy | ranks | tokens a pass | peak | of 1 rank | predicted peak | error |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         *rows,
     ]
 

@@ -337,6 +337,11 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
         [*REASONING, "rollout.multi_turn.interaction=retry", "rollout.multi_turn.feedback_template=again"],
         "rollout.multi_turn.feedback_template = 'again' is invalid: a text holding {feedback}",
     ),
+    "scoring budget": (
+        "rlplace-plan",
+        [*REASONING, "inference.max_tokens_per_micro_batch=0"],
+        "inference.max_tokens_per_micro_batch = 0 is invalid: null or at least 1",
+    ),
     "behaviour log-probs": (
         "rlplace-plan",
         [*REASONING, "algorithm.behaviour_logprobs=engine"],

@@ -275,3 +275,16 @@ def write_reasoning_profile(folder: Path, placement, actor_peak: int | None) -> 
         events.append({"name": "training", "ph": "X", "ts": start + 5.1e5, "dur": 3e5, "args": args})
     (folder / "timeline.json").write_text(json.dumps({"traceEvents": events}))
     return folder
+
+
+def test_a_token_budget_bounds_what_an_inference_pass_holds(model_path):
+    """inference.max_tokens_per_micro_batch: a scoring pass holds as many rows as fit the budget, so the inference
+    device's peak while it scores falls with it (64 rows a pass without one)."""
+    args = ["experiment=arithmetic_grpo_disagg", f"model.path={model_path}", "rollout.max_new_tokens=64"]
+    cfg, placement = _plan(args)
+    (device,) = placement.devices_of("inference")
+    peaks = [
+        predict_memory(*_plan([*args, *budget])).peaks[device]["generate_rollouts"]
+        for budget in ([], ["inference.max_tokens_per_micro_batch=4096"], ["inference.max_tokens_per_micro_batch=1"])
+    ]
+    assert peaks[0] > peaks[1] > peaks[2]

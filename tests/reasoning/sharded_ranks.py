@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -29,7 +29,7 @@ from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.streams import micro_batches_of
 from rlplace.reasoning.tasks.prompts import Problem
 from rlplace.reasoning.update import compute_advantages, llm_update
-from rlplace.reasoning.workers.inference import keep_in_step
+from rlplace.reasoning.workers.inference import Scorer, most_over_ranks, score_round
 
 SHAPE = TinyQwen2Shape(hidden_size=64, num_layers=4, num_heads=2, num_kv_heads=1, intermediate_size=128)
 """About 0.18 M parameters: four decoder layers to shard by, as a real model has many, each small, since what the
@@ -161,7 +161,7 @@ def _run_job(rank: int, job: Job, folder: Path, out: Path) -> None:
         for name, (model, _) in trained.items()
         for key, tensor in strategy.full_state_dict(model).items()
     }
-    result = {"stats": stats, "weights": weights, "offload": offload, "copy": copy}
+    result = {"stats": stats, "weights": weights, "offload": offload, "copy": copy, "mask": batch.response_mask}
     torch.save(result, out / f"{job.name}.rank{rank}.pt")
 
 
@@ -179,14 +179,37 @@ def _frozen_copy(
     scores = {"before": before, "after": response_logprobs(copy, batch), "policy": response_logprobs(policy, batch)}
     # Three micro-batches over the ranks, scored by the copy and a reference model: rank 0 scores two, rank 1 one
     # and keeps in step for the second; sharded passes out of step would hang or gather the wrong model's shards.
+    # Then again in passes of a token budget (inference.max_tokens_per_micro_batch), several a micro-batch.
     reference = strategy.wrap(load_causal_lm(folder).requires_grad_(False).eval(), trained=False)
-    mine = micro_batches_of(rank, strategy.world_size, 3)
-    scores["micro_batches"] = [(response_logprobs(copy, batch), response_logprobs(reference, batch)) for _ in mine]
-    if strategy.collective_passes:
-        rounds = len(micro_batches_of(0, strategy.world_size, 3))
-        keep_in_step([copy, reference], rounds - len(mine), batch.num_rows, torch.device("cpu"))
+    scorers = [Scorer("old_logprobs", copy), Scorer("ref_logprobs", reference)]
+    scores["micro_batches"] = _scored_in_rounds(rank, strategy, scorers, batch, None)
+    scores["budget"] = _scored_in_rounds(rank, strategy, scorers, batch, SCORING_BUDGET)
     scores["reference"] = response_logprobs(load_causal_lm(folder).eval(), batch)
     return scores
+
+
+SCORING_BUDGET = 12
+"""Tokens a scoring pass of `_frozen_copy` holds at most: two rows of this batch (prompts of 4 tokens, responses of up
+to 2), so that a micro-batch takes several passes (4 on each of 2 ranks)."""
+
+
+def _scored_in_rounds(
+    rank: int, strategy: Strategy, scorers: list[Scorer], batch: SequenceBatch, max_tokens: int | None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Three micro-batches over the ranks (each a copy of `batch`), scored round by round as
+    `InferenceWorker.compute_logprobs` scores them (`score_round`); this rank's (old, reference) log-probs."""
+    mine = micro_batches_of(rank, strategy.world_size, 3)
+    most, rounds = None, len(mine)
+    if strategy.collective_passes:
+        most = functools.partial(most_over_ranks, device=torch.device("cpu"))
+        rounds = len(micro_batches_of(0, strategy.world_size, 3))
+    scored = []
+    for round_ in range(rounds):
+        part = replace(batch) if round_ < len(mine) else None
+        score_round(scorers, part, 1.0, max_tokens, most, torch.device("cpu"))
+        if part is not None:
+            scored.append((part.old_logprobs, part.ref_logprobs))
+    return scored
 
 
 def _adapters_copy(
@@ -200,16 +223,8 @@ def _adapters_copy(
     export = lora.export(policy, adapters_alone=True)
     sent = {name: gathered(tensor) for name, tensor in policy.state_dict().items() if export.keep(name)}
     load_whole(copy.state_dict(), export.convert(sent).items())
-    mine = micro_batches_of(rank, strategy.world_size, 3)
-    scored = []
-    for _ in mine:
-        logprobs = response_logprobs(copy, batch)
-        with lora.without_adapters(copy):
-            scored.append((logprobs, response_logprobs(copy, batch)))
-    if strategy.collective_passes:
-        rounds = len(micro_batches_of(0, strategy.world_size, 3))
-        keep_in_step([copy, copy], rounds - len(mine), batch.num_rows, torch.device("cpu"))
-    return scored
+    scorers = [Scorer("old_logprobs", copy), Scorer("ref_logprobs", copy, adapters_off=True)]
+    return _scored_in_rounds(rank, strategy, scorers, batch, None)
 
 
 def _mean(world_size: int, tensor: torch.Tensor) -> None:

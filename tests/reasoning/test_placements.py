@@ -44,6 +44,7 @@ REASONING = [  # sweep=reasoning_placements on the tiny settings, one step off o
     "actor.strategy=fsdp",  # the policy sharded over the actor's ranks, however many the placement gives it, and the
     "algorithm.kl_coef=0.01",  # inference ranks' copy of it and reference model over theirs
     "actor.max_tokens_per_micro_batch=48",  # 3-5 rows a pass: ranks run unequal pass counts, padded to the most
+    "inference.max_tokens_per_micro_batch=24",  # the inference ranks' scoring passes too (2 sharded ranks in hybrid)
     "rollout.eval_samples=2",  # sampled evaluation, answered by 1 rollout rank (disaggregated) and by 2 (hybrid)
     "rollout.eval_temperature=1.0",
     "rollout.multi_turn.tool=calculator",  # responses made in turns, the tool's tokens masked out of the update:

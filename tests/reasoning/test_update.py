@@ -17,7 +17,7 @@ from rlplace.core.errors import ConfigError
 from rlplace.core.off_policy import behaviour_weight
 from rlplace.core.strategies.replica import Replica
 from rlplace.reasoning.advantages import grpo_advantages, masked_mean, reinforce_pp_advantages
-from rlplace.reasoning.batch import SequenceBatch, response_logprobs
+from rlplace.reasoning.batch import SequenceBatch, response_logprobs, scoring_passes
 from rlplace.reasoning.config import ReasoningAlgorithmConfig
 from rlplace.reasoning.losses import kl_divergence
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm
@@ -144,6 +144,18 @@ def test_the_update_scores_responses_at_the_temperature_they_were_sampled_at(fol
         stats = llm_update(copy, optimizer, batch, advantages, one_step, torch.Generator(), temperature=0.5)
         approx_kl[scored_at] = abs(stats["train/approx_kl"])
     assert approx_kl[0.5] < 1e-6 < 1e-3 < approx_kl[1.0]
+
+
+def test_scoring_in_passes_of_a_token_budget_gives_the_same_logprobs(folder):
+    """inference.max_tokens_per_micro_batch: rows shortest first, each pass trimmed to the columns its rows use."""
+    policy = load_causal_lm(folder)
+    batch = _batch(folder, policy)
+    passes = scoring_passes(batch, 3 * batch.input_ids.shape[1])
+    assert len(passes) > 2 and any(p.left > 0 or p.length < batch.responses.shape[1] for p in passes)
+    assert sorted(torch.cat([p.rows for p in passes]).tolist()) == list(range(batch.num_rows))
+    mask = batch.response_mask.bool()
+    whole = response_logprobs(policy, batch)
+    torch.testing.assert_close(response_logprobs(policy, batch, passes=passes)[mask], whole[mask], rtol=0, atol=1e-5)
 
 
 def test_first_minibatch_on_its_own_logprobs_is_unclipped(folder):

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .losses import logprobs_from_logits
+from .micro_batches import MicroBatch, plan_micro_batches
 from .streams import SCORING_ROWS
 
 if TYPE_CHECKING:
@@ -110,26 +111,47 @@ class SequenceBatch:
         return SequenceBatch(**merged)  # type: ignore[arg-type]
 
 
+def scoring_passes(batch: SequenceBatch, max_tokens: int | None = None) -> list[MicroBatch]:
+    """The forward passes that score `batch` (`response_logprobs`): with `max_tokens` (inference.
+    max_tokens_per_micro_batch), rows shortest first in passes of about that many tokens, each trimmed to the columns
+    its rows use; without, SCORING_ROWS rows a pass, in order, untrimmed."""
+    if max_tokens is not None:
+        rows = torch.arange(batch.num_rows)
+        return plan_micro_batches(rows, batch.prompt_mask, batch.response_mask, max_tokens)
+    return [MicroBatch(rows) for rows in torch.arange(batch.num_rows).split(SCORING_ROWS)]
+
+
 @torch.no_grad()
 def response_logprobs(
-    model: torch.nn.Module, batch: SequenceBatch, temperature: float = 1.0, micro_rows: int = SCORING_ROWS
+    model: torch.nn.Module,
+    batch: SequenceBatch,
+    temperature: float = 1.0,
+    passes: list[MicroBatch] | None = None,
 ) -> Tensor:
-    """[B, T] log-probs (on the CPU) of each response token under `model` at `temperature`, `micro_rows` rows per
-    forward pass, in eval mode (no dropout) whatever mode the model is in: the inference worker's copy and the actor's
-    own weights score alike."""
-    out = []
-    width = batch.prompts.shape[1]
-    ids, mask = batch.input_ids, batch.attention_mask
+    """[B, T] log-probs (on the CPU) of each response token under `model` at `temperature`, one forward pass per entry
+    of `passes` (`scoring_passes`; None: its default), in eval mode (no dropout) whatever mode the model is in: the
+    inference worker's copy and the actor's own weights score alike. Columns a trimmed pass leaves out are 0."""
+    out = torch.zeros(batch.responses.shape)
     training = model.training
     model.eval()
     try:
-        for start in range(0, batch.num_rows, micro_rows):
-            rows = slice(start, start + micro_rows)
-            logits = response_logits(model, ids[rows], mask[rows], width, temperature)
-            out.append(logprobs_from_logits(logits, ids[rows, width:].to(logits.device)).cpu())
+        for micro_batch in scoring_passes(batch) if passes is None else passes:
+            input_ids, attention_mask, width = trimmed_inputs(batch, micro_batch)
+            logits = response_logits(model, input_ids, attention_mask, width, temperature)
+            scored = logprobs_from_logits(logits, input_ids[:, width:].to(logits.device)).cpu()
+            out[micro_batch.rows, : scored.shape[1]] = scored
     finally:
         model.train(training)
-    return torch.cat(out)
+    return out
+
+
+def trimmed_inputs(batch: SequenceBatch, micro_batch: MicroBatch) -> tuple[Tensor, Tensor, int]:
+    """A pass's prompt + response token ids and attention mask, its columns trimmed, and its prompt width."""
+    width = batch.prompts.shape[1]
+    end = None if micro_batch.length is None else width + micro_batch.length
+    columns = slice(micro_batch.left, end)
+    rows = micro_batch.rows
+    return batch.input_ids[rows, columns], batch.attention_mask[rows, columns], width - micro_batch.left
 
 
 def response_logits(

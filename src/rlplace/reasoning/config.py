@@ -445,9 +445,20 @@ class ActorConfig(ComponentConfig):
 @dataclass
 class InferenceConfig(ComponentConfig):
     """The inference group's section (`conf/inference/reasoning.yaml`, chosen by the reasoning experiments): whether
-    it leaves devices it shares while the actor trains (placement presets set it). It holds the policy as the actor's
-    ranks do (`actor.strategy`, `actor.dtype`), so it has no model settings of its own; moving it out and back each
-    step costs its copy of the policy and, with a KL term, the reference model."""
+    it leaves devices it shares while the actor trains (placement presets set it), and how many tokens a forward pass
+    scores. It holds the policy as the actor's ranks do (`actor.strategy`, `actor.dtype`), so it has no model settings
+    of its own; moving it out and back each step costs its copy of the policy and, with a KL term, the reference
+    model."""
+
+    max_tokens_per_micro_batch: int | None = None
+    """A forward pass's tokens at most (verl's log_prob_max_token_len_per_gpu): a micro-batch's rows are scored
+    shortest first, a pass as wide as its longest row, as many rows as fit (one at least; `micro_batches`), which
+    bounds the logits a pass holds (a vocabulary's width per token) whatever rollout.max_new_tokens is; null: 64 rows
+    a pass (`streams.SCORING_ROWS`), each as wide as the micro-batch."""
+
+    def __post_init__(self) -> None:
+        budget = self.max_tokens_per_micro_batch
+        check(budget is None or budget >= 1, "inference.max_tokens_per_micro_batch", budget, "null or at least 1")
 
 
 @dataclass

@@ -301,6 +301,9 @@ def _inference(cfg: ReasoningConfig, shape: TransformerShape, ranks: int, seq_le
     weights = copies * shape.frozen_bytes(ranks, sharded, sent or 0)
     gathered = shape.largest_unit() * (BF16 if cfg.actor.dtype == "bf16" else FP32) if sharded else 0
     rows = min(SCORING_ROWS, cfg.rollout.micro_batch_prompts * cfg.algorithm.group_size)  # `response_logprobs`' pass
+    budget = cfg.inference.max_tokens_per_micro_batch
+    if budget is not None:  # a pass holds as many rows of its width as fit, one at least (`batch.scoring_passes`)
+        rows = max(1, min(rows, budget // seq_len))
     scoring = weights + gathered + shape.scoring_bytes(rows, seq_len)
     received = weights + shape.bucket_bytes(cfg.weight_sync.bucket_mb, sent)
     working = {"sync_weights": received, "generate_rollouts": scoring}

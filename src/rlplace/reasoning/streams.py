@@ -21,7 +21,7 @@ MISMATCH_KL = "rollout/mismatch_kl"
 inference group's, the same weights; a step logs their mean per response."""
 SCORING_ROWS = 64
 """Rows per forward pass when a micro-batch is scored (`batch.response_logprobs`): bounds the logits a pass holds, a
-vocabulary's width per token; sharded inference ranks count their passes by it (`workers.inference.keep_in_step`)."""
+vocabulary's width per token; `inference.max_tokens_per_micro_batch` cuts them by tokens instead."""
 TRUNCATED = "rollout/truncated"
 """Responses of a micro-batch cut at rollout.max_new_tokens before any end token; a step logs their share of its
 responses as `rollout/clip_ratio` (verl's `response_length/clip_ratio`): a high one asks for more new tokens."""

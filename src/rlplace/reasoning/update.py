@@ -45,7 +45,7 @@ from .advantages import (
     sequence_rewards_to_tokens,
     token_gae,
 )
-from .batch import SequenceBatch, response_logits
+from .batch import SequenceBatch, response_logits, trimmed_inputs
 from .losses import (
     Counts,
     aggregate_loss,
@@ -352,7 +352,7 @@ def _policy_pass(
     counts: Counts,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     rows, columns = micro_batch.rows, slice(None, micro_batch.length)
-    input_ids, attention_mask, width = _trimmed_inputs(batch, micro_batch)
+    input_ids, attention_mask, width = trimmed_inputs(batch, micro_batch)
     logits = response_logits(policy, input_ids, attention_mask, width, temperature)
     device = logits.device
     row_mask = batch.action_mask[rows, columns].to(device)
@@ -393,7 +393,7 @@ def _value_pass(
     counts: Counts,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     rows, columns = micro_batch.rows, slice(None, micro_batch.length)
-    input_ids, attention_mask, width = _trimmed_inputs(batch, micro_batch)
+    input_ids, attention_mask, width = trimmed_inputs(batch, micro_batch)
     values = critic.values_after(input_ids, attention_mask, width)
     device = values.device
     v_loss = token_value_loss(
@@ -405,15 +405,6 @@ def _value_pass(
         counts,
     )
     return alg.vf_coef * v_loss, {"value_loss": v_loss.detach()}
-
-
-def _trimmed_inputs(batch: SequenceBatch, micro_batch: MicroBatch) -> tuple[Tensor, Tensor, int]:
-    """A pass's prompt + response token ids and attention mask, its columns trimmed, and its prompt width."""
-    width = batch.prompts.shape[1]
-    end = None if micro_batch.length is None else width + micro_batch.length
-    columns = slice(micro_batch.left, end)
-    rows = micro_batch.rows
-    return batch.input_ids[rows, columns], batch.attention_mask[rows, columns], width - micro_batch.left
 
 
 def _local_counts(mask: Tensor, rows: Tensor, budget: int | None) -> Counts:

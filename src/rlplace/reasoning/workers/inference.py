@@ -11,11 +11,17 @@ its update by.
 
 The ranks hold both models as the actor's ranks hold the policy (`actor.strategy` and `actor.dtype`, `auto` resolved
 for this group's rank count): a full copy each (ddp), or under fsdp a shard each, gathered one unit at a time for a
-forward pass, so that a model too large for one device is scored as it is trained, at the actor's precision. Sharded
-forward passes are collective: a rank with fewer micro-batches than another runs passes on one token to keep in step.
+forward pass, so that a model too large for one device is scored as it is trained, at the actor's precision. A
+micro-batch is scored in passes of 64 rows, or of about `inference.max_tokens_per_micro_batch` tokens. Sharded forward
+passes are collective: a rank with fewer passes than another in a round runs passes on one token to keep in step.
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -23,10 +29,10 @@ from rlplace.core.offload import HostCopies, move
 from rlplace.core.strategies.base import build_strategy
 from rlplace.core.weights import receive_weights
 from rlplace.reasoning import lora
-from rlplace.reasoning.batch import SequenceBatch, response_logprobs
+from rlplace.reasoning.batch import SequenceBatch, response_logprobs, scoring_passes
 from rlplace.reasoning.config import LoRAConfig, ReasoningConfig
 from rlplace.reasoning.models.tiny_lm import load_causal_lm
-from rlplace.reasoning.streams import SCORING_ROWS, consumer_key, micro_batches_of
+from rlplace.reasoning.streams import consumer_key, micro_batches_of
 from rlplace.scheduler import Channel, Worker, timer
 
 
@@ -53,25 +59,32 @@ class InferenceWorker(Worker):
 
     def compute_logprobs(self, num_micro_batches: int, inbox: Channel, out: Channel) -> int:
         """Old (and reference) log-probs for this rank's micro-batches as they arrive on `inbox`, passed on to the
-        actor through `out`; returns how many."""
+        actor through `out`; returns how many. Sharded, the ranks' forward passes are collective: they score in rounds
+        (`score_round`), as many as the rank with the most micro-batches has."""
         mine = micro_batches_of(self.rank, self.world_size, num_micro_batches)
-        for _ in mine:
-            batch: SequenceBatch = inbox.get(key=f"inference{self.rank}")
-            temperature = self.cfg.rollout.scoring_temperature
-            with self.span("inference"):
-                batch.old_logprobs = response_logprobs(self.policy, batch, temperature)
-                if self.shared_reference:
-                    with lora.without_adapters(self.policy):
-                        batch.ref_logprobs = response_logprobs(self.policy, batch, temperature)
-                elif self.reference is not None:
-                    batch.ref_logprobs = response_logprobs(self.reference, batch, temperature)
-            out.put(batch, key=consumer_key("actor", batch.index, self.actor_world_size))
-        if self.strategy.collective_passes:  # the passes of the micro-batches rank 0 has more of
-            missing = len(micro_batches_of(0, self.world_size, num_micro_batches)) - len(mine)
-            rows = self.cfg.rollout.micro_batch_prompts * self.cfg.algorithm.group_size
-            scored = [*self._models(), *([self.policy] if self.shared_reference else [])]
-            keep_in_step(scored, missing, rows, self.device)
+        most = None
+        rounds = len(mine)
+        if self.strategy.collective_passes:
+            most = functools.partial(most_over_ranks, device=self.device)
+            rounds = len(micro_batches_of(0, self.world_size, num_micro_batches))
+        temperature, budget = self.cfg.rollout.scoring_temperature, self.cfg.inference.max_tokens_per_micro_batch
+        for round_ in range(rounds):
+            batch: SequenceBatch | None = inbox.get(key=f"inference{self.rank}") if round_ < len(mine) else None
+            with self.span("inference") if batch is not None else contextlib.nullcontext():
+                score_round(self._scorers(), batch, temperature, budget, most, self.device)
+            if batch is not None:
+                out.put(batch, key=consumer_key("actor", batch.index, self.actor_world_size))
         return len(mine)
+
+    def _scorers(self) -> list[Scorer]:
+        """What scores a micro-batch, in order: the policy copy, then the reference model (or the copy with its
+        adapters off)."""
+        scorers = [Scorer("old_logprobs", self.policy)]
+        if self.shared_reference:
+            scorers.append(Scorer("ref_logprobs", self.policy, adapters_off=True))
+        elif self.reference is not None:
+            scorers.append(Scorer("ref_logprobs", self.reference))
+        return scorers
 
     def _frozen(self, model_path: str, adapters: LoRAConfig | None = None) -> torch.nn.Module:
         """The model of `model_path`, with `adapters` added (`lora.inject`) where given, wrapped as the strategy holds
@@ -93,15 +106,48 @@ class InferenceWorker(Worker):
         return [m for m in (self.policy, self.reference) if m is not None]
 
 
+class Scorer(NamedTuple):
+    """A model that scores micro-batches into one of their log-prob fields."""
+
+    field: str
+    """`old_logprobs` or `ref_logprobs`."""
+    model: torch.nn.Module
+    adapters_off: bool = False
+    """Score with the model's LoRA adapters off (the reference of `actor.lora.sync: adapters`)."""
+
+
+def score_round(
+    scorers: list[Scorer],
+    batch: SequenceBatch | None,
+    temperature: float,
+    max_tokens: int | None,
+    most: Callable[[int], int] | None,
+    device: torch.device,
+) -> None:
+    """Fill `batch`'s log-prob fields, each scorer's in turn, in the passes `scoring_passes` cuts (None: this rank has
+    no micro-batch this round). Sharded passes are collective, every rank running each model's as often as the others
+    do: `most` turns this rank's pass count into the most of any rank's this round (None: not sharded), and the
+    passes this rank lacks run on one token (`keep_in_step`)."""
+    passes = [] if batch is None else scoring_passes(batch, max_tokens)
+    padding = 0 if most is None else most(len(passes)) - len(passes)
+    for scorer in scorers:
+        with lora.without_adapters(scorer.model) if scorer.adapters_off else contextlib.nullcontext():
+            if batch is not None:
+                setattr(batch, scorer.field, response_logprobs(scorer.model, batch, temperature, passes))
+            keep_in_step(scorer.model, padding, device)
+
+
+def most_over_ranks(passes: int, device: torch.device) -> int:
+    """The most passes any rank of the default process group runs (every rank calls it at once)."""
+    count = torch.tensor([passes], dtype=torch.long, device=device)
+    torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+    return int(count.item())
+
+
 @torch.no_grad()
-def keep_in_step(models: list[torch.nn.Module], micro_batches: int, rows: int, device: torch.device) -> None:
-    """The forward passes of sharded `models` for `micro_batches` micro-batches of `rows` rows that this rank does not
-    have, each on one token, in the order `InferenceWorker.compute_logprobs` runs them on the ranks that have them
-    (each model's passes for one micro-batch, `response_logprobs`' count, then the next model's): every pass
-    gathers its model's units from every rank. Every micro-batch of a step has the same rows
-    (`rollout.micro_batch_prompts` x `algorithm.group_size`)."""
+def keep_in_step(model: torch.nn.Module, passes: int, device: torch.device) -> None:
+    """`passes` forward passes of sharded `model` on one token: each gathers the model's units from every rank, as a
+    pass of the ranks that have rows to score does, and computes nothing anyone reads."""
     token = torch.zeros(1, 1, dtype=torch.long, device=device)
-    for _ in range(micro_batches):
-        for model in models:
-            for _ in range(-(-rows // SCORING_ROWS)):
-                model(input_ids=token)
+    for _ in range(passes):
+        model(input_ids=token)
