@@ -135,7 +135,9 @@ def scoring_peak(rank: int, holder: Strategy, budget: int | None) -> dict:
     tracker.track_external(*models)
     with tracker:
         for model in models:
-            response_logprobs(model, batch, passes=scoring_passes(batch, budget))
+            for one in scoring_passes(batch, budget):  # the tracker takes one forward pass of a module at a time
+                response_logprobs(model, batch, passes=[one])
+                tracker.reset_mod_stats()
     return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
 
 

@@ -110,7 +110,7 @@ def feedback_template(tokenizer: Any, template: str | None, chat: bool) -> str:
     )
     if rendered.count(content) != 1 or FEEDBACK not in rendered:
         raise ConfigError(
-            f"rollout.multi_turn.feedback_template = None is invalid: the model's chat template does not write an "
+            f"rollout.multi_turn.feedback_template = null is invalid: the model's chat template does not write an "
             f"assistant turn and a user turn as they are; valid: a text holding {FEEDBACK} (what follows the model's "
             "end token)"
         )
