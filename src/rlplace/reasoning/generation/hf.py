@@ -101,10 +101,12 @@ class HFEngine:
         may_end_early = not ignore_eos or min(limits) < max_new_tokens
         tokens, token_logprobs = [], []
         for step in range(max_new_tokens):
-            token, logprob = pick(logits, temperature, None if uniforms is None else uniforms[:, step], top_p, top_k)
+            noise = None if uniforms is None else uniforms[:, step]
+            token, logprob = pick(logits, temperature, noise, top_p, top_k, logprobs)
             token = token.masked_fill(done, self.pad_id)
             tokens.append(token)
-            token_logprobs.append(logprob)
+            if logprob is not None:
+                token_logprobs.append(logprob)
             if not ignore_eos:
                 done |= torch.isin(token, stops)
             done |= last == step
@@ -178,11 +180,17 @@ class HFEngine:
 
 
 def pick(
-    logits: Tensor, temperature: float, uniforms: Tensor | None, top_p: float = 1.0, top_k: int = 0
-) -> tuple[Tensor, Tensor]:
-    """Each row's next token and its log-prob under the distribution it was drawn from: the argmax (temperature 0;
-    its log-prob under softmax(logits)), else the inverse CDF of softmax(logits / temperature) at the row's uniform.
-    Rows are independent, so a row's token depends on its logits and uniform alone.
+    logits: Tensor,
+    temperature: float,
+    uniforms: Tensor | None,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    logprobs: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Each row's next token and, with `logprobs`, its log-prob under the distribution it was drawn from (else None,
+    at no cost): the argmax (temperature 0; its log-prob under softmax(logits)), else the inverse CDF of
+    softmax(logits / temperature) at the row's uniform. Rows are independent, so a row's token depends on its logits
+    and uniform alone.
 
     With `top_k` > 0 or `top_p` < 1 the CDF runs over the tokens sorted by probability (ties by id), cut to the `top_k`
     first, then to the fewest of those whose renormalised mass reaches `top_p` (the most likely always kept), as
@@ -190,6 +198,8 @@ def pick(
     what is kept, as vLLM's `processed_logprobs` are."""
     if uniforms is None:
         token = logits.argmax(dim=-1)
+        if not logprobs:
+            return token, None
         return token, torch.log_softmax(logits.float(), dim=-1).gather(-1, token[:, None])[:, 0]
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     order = None
@@ -203,7 +213,7 @@ def pick(
     cdf = probs.cumsum(dim=-1)
     target = (uniforms * cdf[:, -1]).unsqueeze(-1)
     position = torch.searchsorted(cdf, target).clamp(max=logits.shape[-1] - 1)
-    logprob = (probs.gather(-1, position) / cdf[:, -1:]).log()[:, 0]
+    logprob = (probs.gather(-1, position) / cdf[:, -1:]).log()[:, 0] if logprobs else None
     token = position if order is None else order.gather(-1, position)
     return token.squeeze(-1), logprob
 
