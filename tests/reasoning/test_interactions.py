@@ -29,17 +29,26 @@ def test_an_interaction_is_a_registered_name_a_module_function_or_a_file_functio
     file = tmp_path / "games.py"
     file.write_text("def guess(prompt, turns, answer, extra):\n    return len(turns) > 2, 'higher', -1.0\n")
     assert interaction_function(f"{file}:guess", exact)("", ["1", "2", "3"], "", {}) == (True, "higher", -1.0)
-    with pytest.raises(ConfigError, match=r"rollout.multi_turn.interaction = 'retries' is invalid: valid: retry, "):
-        MultiTurnConfig(interaction="retries")
-    with pytest.raises(ConfigError, match=r"rollout.multi_turn.interaction = '.*missing.py:guess' cannot be loaded"):
-        MultiTurnConfig(interaction=str(tmp_path / "missing.py:guess"))
-    with pytest.raises(ConfigError, match=r"rollout.multi_turn.feedback_template = 'no text' is invalid: a text "):
-        MultiTurnConfig(interaction="retry", feedback_template="no text")
-    with pytest.raises(ConfigError, match=r"rollout.multi_turn.max_user_turns = 0 is invalid: at least 1"):
-        MultiTurnConfig(interaction="retry", max_user_turns=0)
+    assert MultiTurnConfig(interaction="retry").enabled and not MultiTurnConfig().enabled
+
+
+@pytest.mark.parametrize(
+    ("settings", "error"),
+    [
+        ({"interaction": "retries"}, r"rollout.multi_turn.interaction = 'retries' is invalid: valid: retry, "),
+        ({"interaction": "missing.py:guess"}, r"rollout.multi_turn.interaction = '.*missing.py:guess' cannot be load"),
+        ({"feedback_template": "no text"}, r"rollout.multi_turn.feedback_template = 'no text' is invalid: a text "),
+        ({"max_user_turns": 0}, r"rollout.multi_turn.max_user_turns = 0 is invalid: at least 1"),
+    ],
+)
+def test_interaction_settings_are_checked(settings: dict, error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        MultiTurnConfig(**{"interaction": "retry", **settings})
+
+
+def test_the_interactions_weight_is_checked() -> None:
     with pytest.raises(ConfigError, match=r"reward.interaction_weight = -1.0 is invalid: 0 or more"):
         RewardConfig(interaction_weight=-1.0)
-    assert MultiTurnConfig(interaction="retry").enabled and not MultiTurnConfig().enabled
 
 
 def test_retry_judges_each_turn_alone_with_the_runs_reward() -> None:
