@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlplace.core.data_parallel import Shard
+from rlplace.core.data_parallel import Shard, most_over_ranks
 from rlplace.core.offload import HostCopies, _tensors, move
 from rlplace.core.sharded import gathered
 from rlplace.core.strategies.base import Strategy, build_strategy
@@ -29,7 +29,7 @@ from rlplace.reasoning.models.value_model import ValueModel
 from rlplace.reasoning.streams import micro_batches_of
 from rlplace.reasoning.tasks.prompts import Problem
 from rlplace.reasoning.update import compute_advantages, llm_update
-from rlplace.reasoning.workers.inference import Scorer, most_over_ranks, score_round
+from rlplace.reasoning.workers.inference import Scorer, score_round
 
 SHAPE = TinyQwen2Shape(hidden_size=64, num_layers=4, num_heads=2, num_kv_heads=1, intermediate_size=128)
 """About 0.18 M parameters: four decoder layers to shard by, as a real model has many, each small, since what the
@@ -201,7 +201,7 @@ def _scored_in_rounds(
     mine = micro_batches_of(rank, strategy.world_size, 3)
     most, rounds = None, len(mine)
     if strategy.collective_passes:
-        most = functools.partial(most_over_ranks, device=torch.device("cpu"))
+        most = functools.partial(_most_passes, rank=rank, world_size=strategy.world_size)
         rounds = len(micro_batches_of(0, strategy.world_size, 3))
     scored = []
     for round_ in range(rounds):
@@ -225,6 +225,11 @@ def _adapters_copy(
     load_whole(copy.state_dict(), export.convert(sent).items())
     scorers = [Scorer("old_logprobs", copy), Scorer("ref_logprobs", copy, adapters_off=True)]
     return _scored_in_rounds(rank, strategy, scorers, batch, None)
+
+
+def _most_passes(passes: int, rank: int, world_size: int) -> int:
+    """The most passes any rank runs this round, as `InferenceWorker` finds it (`most_over_ranks`)."""
+    return most_over_ranks([passes], rank, world_size, dist.all_reduce)[0]
 
 
 def _mean(world_size: int, tensor: torch.Tensor) -> None:

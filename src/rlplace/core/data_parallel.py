@@ -39,6 +39,17 @@ class Shard:
         return [found[found >= 0] for found in (local_of[mb] for mb in minibatches)]
 
 
+def most_over_ranks(
+    counts: list[int], rank: int, world_size: int, sum_over_ranks: Callable[[Tensor], None]
+) -> list[int]:
+    """Each of `counts` (this rank's) replaced by the largest any rank has, in one collective call: every rank calls
+    it at once, with as many counts (the passes ranks must run in step when passes are collective)."""
+    table = torch.zeros(world_size, len(counts), dtype=torch.float64)
+    table[rank] = torch.tensor([float(count) for count in counts], dtype=torch.float64)
+    sum_over_ranks(table)
+    return table.max(dim=0).values.round().long().tolist()
+
+
 def global_minibatches(size: int, epochs: int, num_minibatches: int, generator: torch.Generator) -> list[Tensor]:
     """Every epoch's permutation of the global batch's `size` samples, cut into `num_minibatches` minibatches: the
     update's steps, the same on every rank."""

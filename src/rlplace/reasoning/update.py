@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from rlplace.core.data_parallel import Shard, global_minibatches
+from rlplace.core.data_parallel import Shard, global_minibatches, most_over_ranks
 from rlplace.core.off_policy import behaviour_weight
 from rlplace.core.strategies.base import Strategy
 from rlplace.reasoning.algorithms import ALGORITHMS
@@ -418,10 +418,7 @@ def _local_counts(mask: Tensor, rows: Tensor, budget: int | None) -> Counts:
 def _in_step(plans: list[list[MicroBatch]], shard: Shard) -> list[list[MicroBatch]]:
     """Every rank's plans padded with zero-weighted passes to the most passes any rank runs in each step: one
     collective call for the update."""
-    counts = torch.zeros(shard.world_size, len(plans), dtype=torch.float64)
-    counts[shard.rank] = torch.tensor([float(len(plan)) for plan in plans], dtype=torch.float64)
-    shard.sum_over_ranks(counts)
-    most = counts.max(dim=0).values.long().tolist()
+    most = most_over_ranks([len(plan) for plan in plans], shard.rank, shard.world_size, shard.sum_over_ranks)
     return [plan + [PADDING_PASS] * (n - len(plan)) for plan, n in zip(plans, most, strict=True)]
 
 

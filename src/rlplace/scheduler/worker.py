@@ -172,6 +172,12 @@ class Worker:
         it in the same order. Small CPU tensors go rank to rank, others through `init_process_group`'s group."""
         self._group_mean(tensor)
 
+    def sum_over_group(self, tensor: torch.Tensor) -> None:
+        """Replace `tensor` by its sum over this group's ranks, in place (global counts and normalisers); every rank
+        calls it in the same order."""
+        self.average_over_group(tensor)
+        tensor.mul_(self.world_size)
+
     @functools.cached_property
     def _group_mean(self) -> GroupMean:
         from rlplace.scheduler.group_mean import GroupMean

@@ -127,11 +127,7 @@ class ActorWorker(Worker):
         total = self.cfg.task.total_num_envs
         start, end = actor_shard(total, self.rank, self.world_size)
         index = torch.arange(num_steps)[:, None] * total + torch.arange(start, end)[None, :]
-        return Shard(index.flatten(), num_steps * total, self.world_size, self._sum_over_group, self.rank)
-
-    def _sum_over_group(self, tensor: torch.Tensor) -> None:
-        self.average_over_group(tensor)
-        tensor.mul_(self.world_size)
+        return Shard(index.flatten(), num_steps * total, self.world_size, self.sum_over_group, self.rank)
 
     def profile_update(self, sizes: list[int], repeats: int | None = None) -> list[float]:
         """For each n of `sizes`, the median seconds of one minibatch step of the update (`minibatch_step`: loss,

@@ -247,11 +247,7 @@ class LLMActorWorker(Worker):
         num_micro_batches = self.cfg.task.prompts_per_step // self.cfg.rollout.micro_batch_prompts
         ordered = sorted(parts, key=lambda part: part.index)
         index = torch.cat([part.index * rows + torch.arange(part.num_rows) for part in ordered])
-        return Shard(index, num_micro_batches * rows, self.world_size, self._sum_over_group, self.rank)
-
-    def _sum_over_group(self, tensor: torch.Tensor) -> None:
-        self.average_over_group(tensor)
-        tensor.mul_(self.world_size)
+        return Shard(index, num_micro_batches * rows, self.world_size, self.sum_over_group, self.rank)
 
     def _trained(self) -> dict[str, tuple[nn.Module, torch.optim.Optimizer]]:
         parts: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {"policy": (self.policy, self.optimizer)}

@@ -19,12 +19,12 @@ passes are collective: a rank with fewer passes than another in a round runs pas
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
+from rlplace.core.data_parallel import most_over_ranks
 from rlplace.core.offload import HostCopies, move
 from rlplace.core.strategies.base import build_strategy
 from rlplace.core.weights import receive_weights
@@ -65,7 +65,7 @@ class InferenceWorker(Worker):
         most = None
         rounds = len(mine)
         if self.strategy.collective_passes:
-            most = functools.partial(most_over_ranks, device=self.device)
+            most = self._most
             rounds = len(micro_batches_of(0, self.world_size, num_micro_batches))
         temperature, budget = self.cfg.rollout.scoring_temperature, self.cfg.inference.max_tokens_per_micro_batch
         for round_ in range(rounds):
@@ -75,6 +75,11 @@ class InferenceWorker(Worker):
             if batch is not None:
                 out.put(batch, key=consumer_key("actor", batch.index, self.actor_world_size))
         return len(mine)
+
+    def _most(self, passes: int) -> int:
+        """The most passes any rank of the group runs this round (every rank asks at once)."""
+        (most,) = most_over_ranks([passes], self.rank, self.world_size, self.sum_over_group)
+        return most
 
     def _scorers(self) -> list[Scorer]:
         """What scores a micro-batch, in order: the policy copy, then the reference model (or the copy with its
@@ -135,13 +140,6 @@ def score_round(
             if batch is not None:
                 setattr(batch, scorer.field, response_logprobs(scorer.model, batch, temperature, passes))
             keep_in_step(scorer.model, padding, device)
-
-
-def most_over_ranks(passes: int, device: torch.device) -> int:
-    """The most passes any rank of the default process group runs (every rank calls it at once)."""
-    count = torch.tensor([passes], dtype=torch.long, device=device)
-    torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-    return int(count.item())
 
 
 @torch.no_grad()
