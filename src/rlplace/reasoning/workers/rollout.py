@@ -114,8 +114,8 @@ class LLMRolloutWorker(Worker):
         alg, task = self.cfg.algorithm, self.cfg.task
         group, first, size = alg.group_size, index * len(prompts), len(prompts)
         rounds = alg.max_generation_rounds if alg.filter_groups else 1
-        kept: list[tuple[list[int], list[int], Problem]] = []
-        dropped: list[tuple[list[int], list[int], Problem]] = []
+        kept: list[Sample] = []
+        dropped: list[Sample] = []
         for round_ in range(rounds):
             if round_:  # the next prompts of the step's stream, beyond those of its earlier rounds
                 total = task.prompts_per_step * (round_ + 1)
@@ -127,16 +127,8 @@ class LLMRolloutWorker(Worker):
             ids = [base + i for i in range(len(rows))]
             made = self._tokens(rows, ids, self.cfg.rollout.temperature, self.logprobs)
             turns = made.turns
-            columns = (
-                turns.responses,
-                rows,
-                turns.tool_masks,
-                turns.calls,
-                turns.user_turns,
-                turns.scores,
-                turns.logprobs,
-            )
-            samples = list(zip(made.prompts, *columns, strict=True))
+            numbered = enumerate(zip(made.prompts, rows, strict=True))
+            samples = [Sample(prompt, problem, turns, i) for i, (prompt, problem) in numbered]
             if not alg.filter_groups:
                 kept = samples
                 break
@@ -150,20 +142,19 @@ class LLMRolloutWorker(Worker):
             if len(kept) >= size * group:
                 break
         samples = (kept + dropped)[: size * group]
-        columns = list(map(list, zip(*samples, strict=True)))
-        prompts, responses, problems, tool_masks, calls, user_turns, interaction, logprobs = columns
+        responses = column(samples, "responses")
         multi_turn, width = self.cfg.rollout.multi_turn, self.cfg.rollout.max_new_tokens
-        batch = pack(index, prompts, responses, problems, width)
+        batch = pack(index, [s.prompt for s in samples], responses, [s.problem for s in samples], width)
         batch.meta[TRUNCATED] = float(sum(self._truncated(response) for response in responses))
         if self.logprobs:
-            batch.rollout_logprobs = padded(logprobs, width, torch.float32)
+            batch.rollout_logprobs = padded(column(samples, "logprobs"), width, torch.float32)
         if multi_turn.enabled:
-            batch.tool_mask = padded(tool_masks, width, torch.long)
+            batch.tool_mask = padded(column(samples, "tool_masks"), width, torch.long)
         if multi_turn.tool is not None:
-            batch.meta[TOOL_CALLS] = float(sum(calls))
+            batch.meta[TOOL_CALLS] = float(sum(column(samples, "calls")))
         if multi_turn.interaction is not None:
-            batch.interaction_scores = torch.tensor(interaction, dtype=torch.float32)
-            batch.meta[USER_TURNS] = float(sum(user_turns))
+            batch.interaction_scores = torch.tensor(column(samples, "scores"), dtype=torch.float32)
+            batch.meta[USER_TURNS] = float(sum(column(samples, "user_turns")))
         if alg.filter_groups:
             batch.meta[FILTERED_GROUPS] = float(len(dropped) // group)
             batch.meta[GENERATION_ROUNDS] = float(round_ + 1)
@@ -230,6 +221,21 @@ class LLMRolloutWorker(Worker):
     @timer("onload")
     def onload(self) -> None:
         self.engine.wake_up()
+
+
+class Sample(NamedTuple):
+    """One response of a generation round, kept or dropped by dynamic sampling: its prompt's token ids, its problem,
+    and its row of the round's turns."""
+
+    prompt: list[int]
+    problem: Problem
+    turns: Turns
+    row: int
+
+
+def column(samples: list[Sample], field: str) -> list:
+    """Each sample's value of a `Turns` field (`responses`, `tool_masks`, ...)."""
+    return [getattr(sample.turns, field)[sample.row] for sample in samples]
 
 
 class Generated(NamedTuple):
