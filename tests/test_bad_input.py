@@ -337,6 +337,16 @@ CASES: dict[str, tuple[str, list[str] | Callable[[Path], list[str]], str]] = {
         [*REASONING, "rollout.multi_turn.interaction=retry", "rollout.multi_turn.feedback_template=again"],
         "rollout.multi_turn.feedback_template = 'again' is invalid: a text holding {feedback}",
     ),
+    "concurrent calls": (
+        "rlplace-train",
+        [*REASONING, "rollout.multi_turn.tool=calculator", "rollout.multi_turn.max_concurrent_calls=0"],
+        "rollout.multi_turn.max_concurrent_calls = 0 is invalid: at least 1",
+    ),
+    "call timeout": (
+        "rlplace-plan",
+        [*REASONING, "rollout.multi_turn.interaction=retry", "rollout.multi_turn.call_timeout_s=0"],
+        "rollout.multi_turn.call_timeout_s = 0.0 is invalid: positive seconds",
+    ),
     "scoring budget": (
         "rlplace-plan",
         [*REASONING, "inference.max_tokens_per_micro_batch=0"],

@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -647,3 +648,82 @@ def test_responses_in_turns_carry_the_log_probs_of_the_models_tokens(models, eng
 def test_a_call_end_of_several_tokens_is_refused(models):
     with pytest.raises(ConfigError, match=r"rollout.multi_turn.call_end = '</tool_call>' is invalid: the model's "):
         _tool_calling(models, call_end="</tool_call>")
+
+
+HUNG = threading.Event()
+"""Released by the test that hangs `flaky_sum`, so that the call's thread ends."""
+
+
+def flaky_sum(call: str, extra) -> str:
+    """A tool of the tests: the problem's sum, but an odd one raises, and 117 (the first problem's) hangs."""
+    if extra["sum"] == 117:
+        HUNG.wait()
+        return "late"
+    if extra["sum"] % 2:
+        raise ValueError("odd")
+    return str(extra["sum"])
+
+
+def test_a_tool_call_that_raises_or_hangs_is_answered_with_its_error_and_counted(models, hf, caplog):
+    """The model reads a failed call's error where the tool's answer would be and writes on; the hung call is given
+    up after call_timeout_s while the others answer; each failure is counted for its row, the first logged."""
+    tokenizer = load_tokenizer(models.sums)
+    prompts = [p[:-1] for p in models.prompts]
+    problems = [Problem(f"{a}+{b}", str(a + b), {"sum": a + b}) for a, b in PAIRS]
+    sampling = {"max_new_tokens": 64, "temperature": 0.0, "seed": 0}
+    settings = {"max_tool_calls": 1, "max_concurrent_calls": 4, "call_timeout_s": 0.5}
+    try:
+        turns = _tool_calling(models, tool=f"{__name__}:flaky_sum", **settings).generate(
+            hf, prompts, list(range(16)), problems, **sampling
+        )
+    finally:
+        HUNG.set()
+    working = _tool_calling(models, **settings).generate(hf, prompts, list(range(16)), problems, **sampling)
+    assert turns.calls == [1] * 16
+    for row, (a, b) in enumerate(PAIRS):
+        response, mask = turns.responses[row], turns.tool_masks[row]
+        answered = tokenizer.decode([t for t, written in zip(response, mask, strict=True) if written])
+        if row == 0:
+            assert answered == "error: TimeoutError: no answer within 0.5 s"
+        elif (a + b) % 2:
+            assert answered == "error: ValueError: odd"
+        else:
+            assert (response, mask) == (working.responses[row], working.tool_masks[row])
+        assert turns.tool_errors[row] == (row == 0 or (a + b) % 2 == 1)
+    assert working.tool_errors == [0] * 16
+    failures = [r.getMessage() for r in caplog.records if "call failed" in r.getMessage()]
+    assert failures == [
+        "a tool call failed (TimeoutError: no answer within 0.5 s): the model reads the error; later failures are "
+        "only counted (rollout/tool_errors)"
+    ]
+
+
+def fails_at_second_turn(prompt: str, turns, answer: str, extra) -> tuple[bool, str, float]:
+    """An interaction of the tests: replies "again" to the first turn, scoring it 1; raises at the second."""
+    if len(turns) > 1:
+        raise RuntimeError("judge unavailable")
+    return False, "again", 1.0
+
+
+def test_an_interaction_reply_that_fails_ends_the_episode_and_is_counted(models, hf):
+    problems = [Problem(f"{a}+{b}=", str(a + b)) for a, b in PAIRS]
+    turns = _multi_turn(models, interaction=f"{__name__}:fails_at_second_turn", max_user_turns=3).generate(
+        hf, models.prompts, list(range(16)), problems, max_new_tokens=24, temperature=0.0, seed=0
+    )
+    ended_twice = [row for row, response in enumerate(turns.responses) if response.count(EOS) == 2]
+    assert ended_twice  # the model ended a second turn: the failed reply ended the episode there
+    for row in ended_twice:
+        assert turns.user_turns[row] == 1 and turns.scores[row] == 1.0 and turns.interaction_errors[row] == 1
+        assert turns.responses[row][-1] == EOS
+
+
+def test_responses_in_turns_do_not_depend_on_how_many_calls_run_at_once(models, hf):
+    prompts = [p[:-1] for p in models.prompts]
+    problems = [Problem(f"{a}+{b}", str(a + b), {"sum": a + b}) for a, b in PAIRS]
+    made = [
+        _tool_calling(
+            models, interaction=f"{__name__}:counted", max_user_turns=2, max_concurrent_calls=concurrency
+        ).generate(hf, prompts, list(range(16)), problems, max_new_tokens=12, temperature=1.5, seed=7)
+        for concurrency in (1, 16)
+    ]
+    assert made[0] == made[1] and sum(made[0].calls) and sum(made[0].user_turns)

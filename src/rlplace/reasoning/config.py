@@ -248,6 +248,16 @@ class MultiTurnConfig:
     feedback_template: str | None = None
     """The text appended after a turn the model ended, `{feedback}` replaced by the interaction's text; null: the
     model's chat template's user turn and assistant header when prompts are rendered with it, else the text alone."""
+    max_concurrent_calls: int = 32
+    """Tool calls and interaction replies a rollout rank runs at once, each on a thread of its own
+    (`generation.calls`), as verl's agent loop runs them concurrently: a turn whose tool answers over the network or
+    from a sandbox waits for its slowest call rather than for all of them in turn. 1: one at a time, for a tool that
+    is not thread-safe."""
+    call_timeout_s: float = 30.0
+    """A tool call or interaction reply that has not returned within this many seconds is given up (its thread left
+    to finish on its own). Like one that raises, a given-up tool call is answered `error: ...`, which the model
+    reads, and a given-up reply ends the episode; both are counted (`rollout/tool_errors`,
+    `rollout/interaction_errors`) and the run goes on."""
 
     def __post_init__(self) -> None:
         specs = tool_specs(self.tool)
@@ -266,6 +276,9 @@ class MultiTurnConfig:
                 f"a text holding {FEEDBACK}, where the interaction's text goes",
             )
         check(self.max_tool_calls >= 1, "rollout.multi_turn.max_tool_calls", self.max_tool_calls, "at least 1")
+        calls = self.max_concurrent_calls
+        check(calls >= 1, "rollout.multi_turn.max_concurrent_calls", calls, "at least 1")
+        check(self.call_timeout_s > 0, "rollout.multi_turn.call_timeout_s", self.call_timeout_s, "positive seconds")
         check(bool(self.call_end), "rollout.multi_turn.call_end", self.call_end, "a token of the model's vocabulary")
         check(
             RESULT in self.response_template,

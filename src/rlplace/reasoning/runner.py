@@ -47,8 +47,10 @@ from rlplace.reasoning.rewards import METRIC_PREFIX
 from rlplace.reasoning.streams import (
     FILTERED_GROUPS,
     GENERATION_ROUNDS,
+    INTERACTION_ERRORS,
     MISMATCH_KL,
     TOOL_CALLS,
+    TOOL_ERRORS,
     TRUNCATED,
     USER_TURNS,
 )
@@ -195,7 +197,7 @@ class ReasoningRunner(Runner[Channels, Stats, Stats, Stats]):
             metrics[GENERATION_ROUNDS] = advantages[GENERATION_ROUNDS] / self.num_micro_batches
         metrics["rollout/response_length"] = advantages["response_tokens"] / advantages["rows"]
         metrics["rollout/clip_ratio"] = advantages[TRUNCATED] / advantages["rows"]
-        for per_response in (TOOL_CALLS, USER_TURNS, MISMATCH_KL):
+        for per_response in (TOOL_CALLS, TOOL_ERRORS, USER_TURNS, INTERACTION_ERRORS, MISMATCH_KL):
             if per_response in advantages:
                 metrics[per_response] = advantages[per_response] / advantages["rows"]
         metrics["rollout/response_tokens"] = advantages["response_tokens"]

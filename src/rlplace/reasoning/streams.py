@@ -16,6 +16,12 @@ TOOL_CALLS = "rollout/tool_calls"
 """rollout.multi_turn: the tool calls of a micro-batch's responses; a step logs their mean per response."""
 USER_TURNS = "rollout/user_turns"
 """rollout.multi_turn.interaction: the replies a micro-batch's responses read; a step logs their mean per response."""
+TOOL_ERRORS = "rollout/tool_errors"
+"""rollout.multi_turn.tool: the tool calls of a micro-batch's responses that raised or timed out; a step logs their
+mean per response."""
+INTERACTION_ERRORS = "rollout/interaction_errors"
+"""rollout.multi_turn.interaction: the replies to a micro-batch's responses that raised or timed out; a step logs
+their mean per response."""
 MISMATCH_KL = "rollout/mismatch_kl"
 """algorithm.behaviour_logprobs=rollout: each response's mean per-token KL from the rollout engine's policy to the
 inference group's, the same weights; a step logs their mean per response."""

@@ -7,16 +7,25 @@ at `rollout.multi_turn.call_end` (with a tool) or at an end token; what is appen
 tool mask (the actor does not train on it). Turn t of sample s samples with the id `turn_sample_id(s, t)`, so a row's
 whole response stays a function of (seed, sample id), whichever batch, micro-batch or rank makes it, and turn 0
 samples as a one-turn response does; an interaction is a function of the episode so far, so its replies are too.
+
+The tool calls and interaction replies of a turn's rows run concurrently (`calls.run_calls`,
+rollout.multi_turn.max_concurrent_calls), each within rollout.multi_turn.call_timeout_s: a tool's failed call is
+answered `error: ...`, which the model reads; an interaction's ends the episode. Both are counted per row.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from rlplace.core.errors import ConfigError
 from rlplace.reasoning.interactions import FEEDBACK, feedback_template, interaction_function, reply_of
 from rlplace.reasoning.tools import RESULT, ToolSet
+
+from .calls import Outcome, run_calls
 
 if TYPE_CHECKING:
     from rlplace.reasoning.config import MultiTurnConfig
@@ -24,6 +33,8 @@ if TYPE_CHECKING:
     from rlplace.reasoning.tasks.prompts import Problem
 
     from .engine import GenerationEngine
+
+log = logging.getLogger(__name__)
 
 TURN_SHIFT = 56
 """Turn t samples with the sample id plus t << TURN_SHIFT: above every sample id a run makes (below 2^40 per
@@ -64,13 +75,17 @@ class Turns:
     logprobs: list[list[float]] = field(default_factory=list)
     """With `logprobs`, each token's log-prob under the distribution the engine drew it from (0 where a tool or the
     interaction wrote it); as long as the response. Empty lists otherwise."""
+    tool_errors: list[int] = field(default_factory=list)
+    """Each row's tool calls that raised or missed rollout.multi_turn.call_timeout_s (answered `error: ...`)."""
+    interaction_errors: list[int] = field(default_factory=list)
+    """Each row's interaction replies that raised or missed the timeout (0 or 1: the episode ended there)."""
 
     @classmethod
     def empty(cls, rows: int) -> Turns:
         def lists() -> list:
             return [[] for _ in range(rows)]
 
-        return cls(lists(), lists(), [0] * rows, [0] * rows, [0.0] * rows, lists())
+        return cls(lists(), lists(), [0] * rows, [0] * rows, [0.0] * rows, lists(), [0] * rows, [0] * rows)
 
 
 class MultiTurn:
@@ -88,6 +103,8 @@ class MultiTurn:
         if settings.interaction is not None:
             self.interaction = interaction_function(settings.interaction, reward)
             self.feedback = feedback_template(tokenizer, settings.feedback_template, chat)
+        self.warned: set[str] = set()
+        """The kinds of call (`tool`, `interaction`) whose first failure has been logged."""
 
     def generate(
         self,
@@ -120,7 +137,9 @@ class MultiTurn:
                 **sampling,
             )
             segments, segment_logprobs = made if logprobs else (made, [[] for _ in going])
-            still = []
+            pending: list[tuple[int, Callable[[], Any], str]] = []
+            """The rows whose turn ended in a tool call or at an end token the interaction answers: each row's call to
+            run, and its kind (`tool` or `interaction`)."""
             for i, segment, segment_logprob in zip(going, segments, segment_logprobs, strict=True):
                 turns.responses[i] += segment
                 turns.tool_masks[i] += [0] * len(segment)
@@ -128,12 +147,23 @@ class MultiTurn:
                 if not segment:
                     continue
                 if segment[-1] == self.end_id:
-                    going_on = self._call(turns, i, segment, problems[i], max_new_tokens)
+                    call = self._tool_call(turns, i, segment, problems[i], max_new_tokens)
+                    if call is not None:
+                        pending.append((i, call, "tool"))
                 elif self.interaction is not None and segment[-1] in engine.eos_ids:
-                    going_on = self._reply(turns, i, texts[i], starts[i], problems[i], max_new_tokens)
-                    starts[i] = len(turns.responses[i])
+                    texts[i].append(self.tokenizer.decode(turns.responses[i][starts[i] :], skip_special_tokens=True))
+                    problem = problems[i]
+                    call = partial(self.interaction, problem.prompt, tuple(texts[i]), problem.answer, problem.extra)
+                    pending.append((i, call, "interaction"))
+            calls = [call for _, call, _ in pending]
+            outcomes = run_calls(calls, self.settings.max_concurrent_calls, self.settings.call_timeout_s)
+            still = []
+            for (i, _, kind), outcome in zip(pending, outcomes, strict=True):
+                if kind == "tool":
+                    going_on = self._answer_call(turns, i, outcome, max_new_tokens)
                 else:
-                    going_on = False
+                    going_on = self._answer_turn(turns, i, outcome, max_new_tokens)
+                    starts[i] = len(turns.responses[i])  # the model's next turn
                 if going_on:
                     still.append(i)
             going = still
@@ -144,33 +174,58 @@ class MultiTurn:
                 turns.logprobs[row] = [0.0 if written else next(drawn) for written in mask]
         return turns
 
-    def _call(self, turns: Turns, row: int, segment: list[int], problem: Problem, max_new_tokens: int) -> bool:
-        """The model's `segment` ended in a call: where the row may still make one, append the tool's response (cut to
-        max_response_tokens and to the room left) and return whether the row has room for another turn."""
+    def _tool_call(
+        self, turns: Turns, row: int, segment: list[int], problem: Problem, max_new_tokens: int
+    ) -> Callable[[], str] | None:
+        """The tool call the model's `segment` ended in, to run; None where the row may make no more calls (its
+        response ends)."""
         assert self.tool is not None
         if turns.calls[row] >= self.settings.max_tool_calls or len(turns.responses[row]) >= max_new_tokens:
-            return False
-        text = self.tokenizer.decode(segment[:-1])
-        call = text.rpartition(self.settings.call_start)[2]
-        answer = self.tool(call, problem.extra)
+            return None
+        call = self.tokenizer.decode(segment[:-1]).rpartition(self.settings.call_start)[2]
+        return partial(self.tool, call, problem.extra)
+
+    def _answer_call(self, turns: Turns, row: int, outcome: Outcome, max_new_tokens: int) -> bool:
+        """Append the tool's answer (cut to max_response_tokens and to the room left; a call that failed answers
+        `error: ...`) and return whether the row has room for another turn."""
         turns.calls[row] += 1
+        answer = outcome.value
+        if outcome.error is not None:
+            turns.tool_errors[row] += 1
+            self._warn_once("tool", outcome)
+            answer = f"error: {outcome.message}"
         return self._append(turns, row, self.settings.response_template.replace(RESULT, str(answer)), max_new_tokens)
 
-    def _reply(
-        self, turns: Turns, row: int, texts: list[str], start: int, problem: Problem, max_new_tokens: int
-    ) -> bool:
-        """The model ended its turn (which began at `start`): the interaction scores it and, unless it ends the episode
-        or the row has read max_user_turns replies, its text goes in; returns whether the row goes on."""
-        assert self.interaction is not None
-        texts.append(self.tokenizer.decode(turns.responses[row][start:], skip_special_tokens=True))
-        spec = self.settings.interaction
-        reply = reply_of(spec, self.interaction(problem.prompt, tuple(texts), problem.answer, problem.extra))
+    def _answer_turn(self, turns: Turns, row: int, outcome: Outcome, max_new_tokens: int) -> bool:
+        """The interaction's reply to the turn the model ended: its score counts and, unless it ends the episode or
+        the row has read max_user_turns replies, its text goes in; returns whether the row goes on. A reply that
+        failed ends the episode, scoring 0."""
+        if outcome.error is not None:
+            turns.interaction_errors[row] += 1
+            self._warn_once("interaction", outcome)
+            return False
+        reply = reply_of(self.settings.interaction, outcome.value)
         turns.scores[row] += reply.score
         last = turns.user_turns[row] >= self.settings.max_user_turns or len(turns.responses[row]) >= max_new_tokens
         if reply.done or last:
             return False
         turns.user_turns[row] += 1
         return self._append(turns, row, self.feedback.replace(FEEDBACK, reply.text), max_new_tokens)
+
+    def _warn_once(self, kind: str, outcome: Outcome) -> None:
+        """Log the first failed call of each kind (with its traceback): later ones are only counted."""
+        if kind not in self.warned:
+            self.warned.add(kind)
+            error = outcome.error
+            after = "the model reads the error" if kind == "tool" else "its episode ends"
+            log.warning(
+                "a %s call failed (%s): %s; later failures are only counted (rollout/%s_errors)",
+                kind,
+                outcome.message,
+                after,
+                kind,
+                exc_info=(type(error), error, error.__traceback__) if error.__traceback__ else None,
+            )
 
     def _append(self, turns: Turns, row: int, text: str, max_new_tokens: int) -> bool:
         """Append `text`'s tokens to `row`, marked as not the model's, cut to max_response_tokens and to the room left;

@@ -28,7 +28,9 @@ from rlplace.reasoning.rewards import SCORE
 from rlplace.reasoning.streams import (
     FILTERED_GROUPS,
     GENERATION_ROUNDS,
+    INTERACTION_ERRORS,
     TOOL_CALLS,
+    TOOL_ERRORS,
     TRUNCATED,
     USER_TURNS,
     consumer_key,
@@ -152,9 +154,11 @@ class LLMRolloutWorker(Worker):
             batch.tool_mask = padded(column(samples, "tool_masks"), width, torch.long)
         if multi_turn.tool is not None:
             batch.meta[TOOL_CALLS] = float(sum(column(samples, "calls")))
+            batch.meta[TOOL_ERRORS] = float(sum(column(samples, "tool_errors")))
         if multi_turn.interaction is not None:
             batch.interaction_scores = torch.tensor(column(samples, "scores"), dtype=torch.float32)
             batch.meta[USER_TURNS] = float(sum(column(samples, "user_turns")))
+            batch.meta[INTERACTION_ERRORS] = float(sum(column(samples, "interaction_errors")))
         if alg.filter_groups:
             batch.meta[FILTERED_GROUPS] = float(len(dropped) // group)
             batch.meta[GENERATION_ROUNDS] = float(round_ + 1)
