@@ -5,8 +5,10 @@ The tiny LM (1.2 M parameters, random init, hf engine on CPU) answers 64 arithme
 new tokens, sampled at temperature 1 with per-sequence seeds as in a rollout. Its call end is the token most of its
 responses hold (found in a first, untimed pass), so that most responses make a call. The tool waits `--latency`
 seconds per call before answering (a `time.sleep`, standing for a sandbox's or a search engine's round trip) and
-answers a fixed text; latency 0 shows what running calls on threads costs a tool that answers at once. Each cell is
-the median of `--repeats` timed `MultiTurn.generate` calls; every concurrency must make the same responses.
+answers a fixed text; latency 0 shows what running calls on threads costs a tool that answers at once. A call starts
+when the engine reports its row's turn ended (the hf engine looks every 8 decode steps), while the other rows decode.
+Each cell is the median of `--repeats` timed `MultiTurn.generate` calls; every concurrency must make the same
+responses.
 
     .venv/bin/python benchmarks/tool_calls.py
 """

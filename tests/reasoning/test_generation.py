@@ -31,7 +31,7 @@ from rlplace.reasoning import lora
 from rlplace.reasoning.batch import response_logprobs
 from rlplace.reasoning.config import LoRAConfig, MultiTurnConfig
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine, sequence_seed
-from rlplace.reasoning.generation.hf import HFEngine
+from rlplace.reasoning.generation.hf import DONE_CHECK_INTERVAL, HFEngine
 from rlplace.reasoning.generation.replicas import Replica
 from rlplace.reasoning.generation.turns import MultiTurn
 from rlplace.reasoning.interactions import RETRY_TEXT
@@ -422,6 +422,48 @@ def test_the_engine_reports_the_log_probs_of_the_tokens_it_drew(models, engine, 
         assert (drawn[mask] >= scored[mask] - 1e-4).all() and (drawn[mask] > scored[mask] + 1e-3).any()
     else:
         assert torch.allclose(drawn[mask], scored[mask], atol=1e-4), (drawn - scored).abs().max()
+
+
+def test_the_engine_reports_each_response_once_as_it_ends(models, engine):
+    """`on_done` hears of every row once, with the response `generate` returns for it, sampling unchanged."""
+    heard: list[tuple[int, list[int]]] = []
+    sampling = {"max_new_tokens": 12, "temperature": 1.0, "seed": 3, "stop_ids": [EOS + 1]}
+    made = engine.generate(models.prompts, list(range(16)), on_done=lambda i, r: heard.append((i, r)), **sampling)
+    assert sorted(heard) == list(enumerate(made))
+    assert made == engine.generate(models.prompts, list(range(16)), **sampling)
+
+
+def test_the_hf_engine_reports_a_row_that_ends_while_the_others_decode(models, hf, monkeypatch):
+    """A row whose limit is 2 tokens is heard of at the first check of ended rows (step DONE_CHECK_INTERVAL), while the
+    others, limited to 24, decode on: the call its turn ends in can start then."""
+    steps = [0]
+    build = hf._decoder
+
+    def counting(rows: int, tokens: int):
+        decoder = build(rows, tokens)
+        step = decoder.step
+
+        def counted(token):
+            steps[0] += 1
+            return step(token)
+
+        monkeypatch.setattr(decoder, "step", counted)
+        return decoder
+
+    monkeypatch.setattr(hf, "_decoder", counting)
+    heard: dict[int, int] = {}
+    limits = [2] + [24] * 15
+    made = hf.generate(
+        models.prompts,
+        list(range(16)),
+        max_new_tokens=limits,
+        temperature=0.0,
+        seed=0,
+        ignore_eos=True,
+        on_done=lambda i, r: heard.setdefault(i, steps[0]),
+    )
+    assert len(made[0]) == 2 and all(len(r) == 24 for r in made[1:])
+    assert heard[0] == DONE_CHECK_INTERVAL - 1 and all(heard[i] == 23 for i in range(1, 16))
 
 
 def test_responses_stop_at_eos_or_max_new_tokens(models, engine):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -43,6 +43,7 @@ class GenerationEngine(Protocol):
         top_k: int = 0,
         stop_ids: Sequence[int] = (),
         logprobs: bool = False,
+        on_done: Callable[[int, list[int]], None] | None = None,
     ) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
         """Each prompt's response token ids (no padding; ending with EOS where it stopped on EOS).
 
@@ -53,7 +54,10 @@ class GenerationEngine(Protocol):
         which ends its response as EOS does. `ignore_eos` decodes `max_new_tokens` tokens whatever they are (for
         benchmarks, where every response should have the same length). With `logprobs`, also each token's log-prob
         under the distribution it was drawn from (temperature applied, then top-k and top-p, renormalised; greedy:
-        under the plain softmax), as `(responses, logprobs)`.
+        under the plain softmax), as `(responses, logprobs)`. `on_done(i, response)` is called once for each
+        sequence i with its response, as soon as the engine knows it has ended (while the others still decode, where
+        the engine can tell) and at the latest before `generate` returns: what follows a turn (a tool call) can start
+        early.
         """
         ...
 

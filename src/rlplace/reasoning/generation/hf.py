@@ -13,7 +13,7 @@ weights, and weight sync replaces the adapters.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -79,9 +79,11 @@ class HFEngine:
         top_k: int = 0,
         stop_ids: Sequence[int] = (),
         logprobs: bool = False,
+        on_done: Callable[[int, list[int]], None] | None = None,
     ) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
         """See `GenerationEngine.generate`. Prompts are left-padded; positions count real tokens only. Rows decode
-        together up to the largest limit; each is cut to its own."""
+        together up to the largest limit; each is cut to its own. `on_done` hears of the rows that have ended every
+        DONE_CHECK_INTERVAL steps, when the loop looks at them anyway, and of the rest at the end."""
         limits = check_lengths(prompts, sample_ids, max_new_tokens, self.max_model_len)
         max_new_tokens = max(limits)
         rows, width = len(prompts), max(len(p) for p in prompts)
@@ -100,6 +102,19 @@ class HFEngine:
         last = torch.tensor(limits, device=self.device) - 1  # each row's last step
         may_end_early = not ignore_eos or min(limits) < max_new_tokens
         tokens, token_logprobs = [], []
+        reported = torch.zeros(rows, dtype=torch.bool)
+        """The rows `on_done` has heard of."""
+
+        def report(rows_done: Tensor) -> None:
+            ended = [] if on_done is None else (rows_done & ~reported).nonzero()[:, 0].tolist()
+            if not ended:
+                return
+            grid = torch.stack(tokens, dim=1)[ended].cpu().tolist()
+            cut = [row[: limits[i]] for i, row in zip(ended, grid, strict=True)]
+            for i, response in zip(ended, self._responses(cut, ignore_eos, stop_ids), strict=True):
+                on_done(i, response)
+            reported[ended] = True
+
         for step in range(max_new_tokens):
             noise = None if uniforms is None else uniforms[:, step]
             token, logprob = pick(logits, temperature, noise, top_p, top_k, logprobs)
@@ -112,9 +127,13 @@ class HFEngine:
             done |= last == step
             if step == max_new_tokens - 1:
                 break
-            if may_end_early and step % DONE_CHECK_INTERVAL == DONE_CHECK_INTERVAL - 1 and bool(done.all()):
-                break
+            if step % DONE_CHECK_INTERVAL == DONE_CHECK_INTERVAL - 1 and (may_end_early or on_done is not None):
+                rows_done = done.cpu()
+                report(rows_done)
+                if bool(rows_done.all()):
+                    break
             logits = decoder.step(token)
+        report(torch.ones(rows, dtype=torch.bool))
         grid = torch.stack(tokens, dim=1).cpu().tolist()
         cut = [row[:limit] for row, limit in zip(grid, limits, strict=True)]
         responses = self._responses(cut, ignore_eos, stop_ids)

@@ -25,7 +25,7 @@ from rlplace.core.errors import ConfigError
 from rlplace.reasoning.interactions import FEEDBACK, feedback_template, interaction_function, reply_of
 from rlplace.reasoning.tools import RESULT, ToolSet
 
-from .calls import Outcome, run_calls
+from .calls import Calls, Outcome
 
 if TYPE_CHECKING:
     from rlplace.reasoning.config import MultiTurnConfig
@@ -127,43 +127,54 @@ class MultiTurn:
         """Where each row's current model turn began in its response."""
         going = list(range(rows))
         turn = 0
+        calls = Calls(self.settings.max_concurrent_calls, self.settings.call_timeout_s)
         while going:
+            kinds: dict[int, str] = {}
+            """The rows whose turn ended in a tool call or at an end token the interaction answers, and the kind of
+            the call started for them (`tool` or `interaction`)."""
+
+            def ended(index: int, segment: list[int], going: list[int] = going, kinds: dict[int, str] = kinds) -> None:
+                """Start the call a row's turn ended in, as soon as the engine has made the turn (`on_done`); the
+                turn is not yet in the row's response."""
+                row, call, kind = going[index], None, ""
+                problem = problems[row]
+                if segment and segment[-1] == self.end_id:
+                    call, kind = self._tool_call(turns, row, segment, problem, max_new_tokens), "tool"
+                elif segment and self.interaction is not None and segment[-1] in engine.eos_ids:
+                    turn_text = self.tokenizer.decode(
+                        turns.responses[row][starts[row] :] + segment, skip_special_tokens=True
+                    )
+                    texts[row].append(turn_text)
+                    reply = (problem.prompt, tuple(texts[row]), problem.answer, problem.extra)
+                    call, kind = partial(self.interaction, *reply), "interaction"
+                if call is not None:
+                    calls.start(row, call)
+                    kinds[row] = kind
+
             made = engine.generate(
                 [prompts[i] + turns.responses[i] for i in going],
                 [turn_sample_id(sample_ids[i], turn) for i in going],
                 max_new_tokens=[max_new_tokens - len(turns.responses[i]) for i in going],
                 stop_ids=[] if self.end_id is None else [self.end_id],
                 logprobs=logprobs,
+                on_done=ended,
                 **sampling,
             )
             segments, segment_logprobs = made if logprobs else (made, [[] for _ in going])
-            pending: list[tuple[int, Callable[[], Any], str]] = []
-            """The rows whose turn ended in a tool call or at an end token the interaction answers: each row's call to
-            run, and its kind (`tool` or `interaction`)."""
             for i, segment, segment_logprob in zip(going, segments, segment_logprobs, strict=True):
                 turns.responses[i] += segment
                 turns.tool_masks[i] += [0] * len(segment)
                 turns.logprobs[i] += segment_logprob
-                if not segment:
-                    continue
-                if segment[-1] == self.end_id:
-                    call = self._tool_call(turns, i, segment, problems[i], max_new_tokens)
-                    if call is not None:
-                        pending.append((i, call, "tool"))
-                elif self.interaction is not None and segment[-1] in engine.eos_ids:
-                    texts[i].append(self.tokenizer.decode(turns.responses[i][starts[i] :], skip_special_tokens=True))
-                    problem = problems[i]
-                    call = partial(self.interaction, problem.prompt, tuple(texts[i]), problem.answer, problem.extra)
-                    pending.append((i, call, "interaction"))
-            calls = [call for _, call, _ in pending]
-            outcomes = run_calls(calls, self.settings.max_concurrent_calls, self.settings.call_timeout_s)
+            outcomes = calls.outcomes()
             still = []
-            for (i, _, kind), outcome in zip(pending, outcomes, strict=True):
-                if kind == "tool":
-                    going_on = self._answer_call(turns, i, outcome, max_new_tokens)
-                else:
-                    going_on = self._answer_turn(turns, i, outcome, max_new_tokens)
+            for i in going:
+                if kinds.get(i) == "tool":
+                    going_on = self._answer_call(turns, i, outcomes[i], max_new_tokens)
+                elif kinds.get(i) == "interaction":
+                    going_on = self._answer_turn(turns, i, outcomes[i], max_new_tokens)
                     starts[i] = len(turns.responses[i])  # the model's next turn
+                else:
+                    going_on = False
                 if going_on:
                     still.append(i)
             going = still
@@ -177,10 +188,11 @@ class MultiTurn:
     def _tool_call(
         self, turns: Turns, row: int, segment: list[int], problem: Problem, max_new_tokens: int
     ) -> Callable[[], str] | None:
-        """The tool call the model's `segment` ended in, to run; None where the row may make no more calls (its
-        response ends)."""
+        """The tool call the model's `segment` (not yet in the row's response) ended in, to run; None where the row
+        may make no more calls or has no room left (its response ends)."""
         assert self.tool is not None
-        if turns.calls[row] >= self.settings.max_tool_calls or len(turns.responses[row]) >= max_new_tokens:
+        made = len(turns.responses[row]) + len(segment)
+        if turns.calls[row] >= self.settings.max_tool_calls or made >= max_new_tokens:
             return None
         call = self.tokenizer.decode(segment[:-1]).rpartition(self.settings.call_start)[2]
         return partial(self.tool, call, problem.extra)

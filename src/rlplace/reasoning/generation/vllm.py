@@ -26,7 +26,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -174,8 +174,10 @@ class VLLMEngine:
         top_k: int = 0,
         stop_ids: Sequence[int] = (),
         logprobs: bool = False,
+        on_done: Callable[[int, list[int]], None] | None = None,
     ) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
-        """See `GenerationEngine.generate`; vLLM schedules the requests (continuous batching) as it sees fit."""
+        """See `GenerationEngine.generate`; vLLM schedules the requests (continuous batching) as it sees fit, and
+        returns them together: `on_done` hears of every response once all have ended."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -198,6 +200,8 @@ class VLLMEngine:
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False, lora_request=self.adapter
         )
         responses = [list(out.outputs[0].token_ids) for out in outputs]
+        for i, response in enumerate(responses if on_done is not None else ()):
+            on_done(i, response)
         if not logprobs:
             return responses
         picked = [
