@@ -1,16 +1,17 @@
 """Responses made in turns with a tool whose calls take time: one call at a time against
 `rollout.multi_turn.max_concurrent_calls` at once (`generation.calls`).
 
-The tiny LM (1.2 M parameters, random init, hf engine on CPU) answers 64 arithmetic prompts in turns of at most 32
-new tokens, sampled at temperature 1 with per-sequence seeds as in a rollout. Its call end is the token most of its
-responses hold (found in a first, untimed pass), so that most responses make a call. The tool waits `--latency`
-seconds per call before answering (a `time.sleep`, standing for a sandbox's or a search engine's round trip) and
-answers a fixed text; latency 0 shows what running calls on threads costs a tool that answers at once. A call starts
-when the engine reports its row's turn ended (the hf engine looks every 8 decode steps), while the other rows decode.
-Each cell is the median of `--repeats` timed `MultiTurn.generate` calls; every concurrency must make the same
-responses.
+The tiny LM (1.2 M parameters, random init, on CPU; the hf engine, or vLLM with `--backend vllm`) answers 64
+arithmetic prompts in turns of at most 32 new tokens, sampled at temperature 1 with per-sequence seeds as in a
+rollout. Its call end is the token most of its responses hold (found in a first, untimed pass), so that most
+responses make a call. The tool waits `--latency` seconds per call before answering (a `time.sleep`, standing for a
+sandbox's or a search engine's round trip) and answers a fixed text; latency 0 shows what running calls on threads
+costs a tool that answers at once. A call starts when the engine reports its row's turn ended (vLLM at the step that
+ends it, the hf engine every 8 decode steps), while the other rows decode. Each cell is the median of `--repeats`
+timed `MultiTurn.generate` calls; every concurrency must make the same responses.
 
     .venv/bin/python benchmarks/tool_calls.py
+    .venv/bin/python benchmarks/tool_calls.py --backend vllm
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ def main() -> None:
     parser.add_argument("--latency", nargs="+", type=float, default=[0.0, 0.05, 0.2])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf")
     args = parser.parse_args()
 
     folder = build_tiny_lm(tempfile.mkdtemp(prefix="tool-calls-"))
     tokenizer = load_tokenizer(folder)
-    engine = make_engine("hf", str(folder), "cpu")
+    engine = make_engine(args.backend, str(folder), "cpu")
     prompts = [tokenizer(f"{10 + (7 * i) % 90}+{10 + (13 * i) % 90}=")["input_ids"] for i in range(ROWS)]
     problems = [Problem("", "")] * ROWS
     sampling = {"max_new_tokens": NEW_TOKENS, "temperature": 1.0, "seed": 0}
@@ -90,10 +92,10 @@ def main() -> None:
                 f"{serial_s / median:.2f}x | {'yes' if made == reference else 'NO'} |"
             )
     caption = (
-        f"{ROWS} prompts, at most {NEW_TOKENS} new tokens and {CALLS} tool calls each, the tiny LM on the hf engine "
-        f"(CPU), call end {call_end!r}; median of {args.repeats} runs a cell."
+        f"{ROWS} prompts, at most {NEW_TOKENS} new tokens and {CALLS} tool calls each, the tiny LM on the "
+        f"{args.backend} engine (CPU), call end {call_end!r}; median of {args.repeats} runs a cell."
     )
-    publish("tool_calls.py", caption, lines)
+    publish("tool_calls.py" + (" --backend vllm" if args.backend == "vllm" else ""), caption, lines)
     sys.exit(0 if all(line.endswith("yes |") for line in lines[2:]) else 1)
 
 

@@ -466,6 +466,22 @@ def test_the_hf_engine_reports_a_row_that_ends_while_the_others_decode(models, h
     assert heard[0] == DONE_CHECK_INTERVAL - 1 and all(heard[i] == 23 for i in range(1, 16))
 
 
+@pytest.mark.slow  # the vLLM engine
+def test_vllm_reports_a_row_that_ends_while_the_others_decode(models, vllm):
+    heard: dict[int, bool] = {}
+    made = vllm.generate(
+        models.prompts,
+        list(range(16)),
+        max_new_tokens=[2] + [24] * 15,
+        temperature=0.0,
+        seed=0,
+        ignore_eos=True,
+        on_done=lambda i, r: heard.setdefault(i, vllm.llm.llm_engine.has_unfinished_requests()),
+    )
+    assert len(made[0]) == 2 and sorted(heard) == list(range(16))
+    assert heard[0]  # the others were still being generated
+
+
 def test_responses_stop_at_eos_or_max_new_tokens(models, engine):
     full = _greedy(engine, models.prompts, max_new_tokens=8)
     assert all(len(r) <= 8 and EOS not in r[:-1] for r in full)

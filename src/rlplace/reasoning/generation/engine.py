@@ -55,9 +55,8 @@ class GenerationEngine(Protocol):
         benchmarks, where every response should have the same length). With `logprobs`, also each token's log-prob
         under the distribution it was drawn from (temperature applied, then top-k and top-p, renormalised; greedy:
         under the plain softmax), as `(responses, logprobs)`. `on_done(i, response)` is called once for each
-        sequence i with its response, as soon as the engine knows it has ended (while the others still decode, where
-        the engine can tell) and at the latest before `generate` returns: what follows a turn (a tool call) can start
-        early.
+        sequence i with its response, as soon as the engine knows it has ended (while the others still decode) and at
+        the latest before `generate` returns: what follows a turn (a tool call) can start early.
         """
         ...
 

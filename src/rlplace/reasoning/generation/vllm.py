@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -177,9 +177,11 @@ class VLLMEngine:
         on_done: Callable[[int, list[int]], None] | None = None,
     ) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
         """See `GenerationEngine.generate`; vLLM schedules the requests (continuous batching) as it sees fit, and
-        returns them together: `on_done` hears of every response once all have ended."""
+        `on_done` hears of each as the engine step that ends it returns (`LLMEngine.add_request` and `step`, the loop
+        `LLM.generate` runs, here run by hand)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         limits = check_lengths(prompts, sample_ids, max_new_tokens, self.max_model_len)
         params = [
@@ -193,15 +195,22 @@ class VLLMEngine:
                 ignore_eos=ignore_eos,
                 detokenize=False,
                 logprobs=0 if logprobs else None,  # the sampled token's alone
+                output_kind=RequestOutputKind.FINAL_ONLY,
             )
             for sample_id, limit in zip(sample_ids, limits, strict=True)
         ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False, lora_request=self.adapter
-        )
+        engine = self.llm.llm_engine
+        for i, (prompt, request_params) in enumerate(zip(prompts, params, strict=True)):
+            prompt = TokensPrompt(prompt_token_ids=list(prompt))
+            engine.add_request(str(i), prompt, request_params, lora_request=self.adapter)
+        outputs: list[Any] = [None] * len(prompts)
+        while engine.has_unfinished_requests():
+            for output in engine.step():  # each request's output once, when it has finished (FINAL_ONLY)
+                i = int(output.request_id)
+                outputs[i] = output
+                if on_done is not None:
+                    on_done(i, list(output.outputs[0].token_ids))
         responses = [list(out.outputs[0].token_ids) for out in outputs]
-        for i, response in enumerate(responses if on_done is not None else ()):
-            on_done(i, response)
         if not logprobs:
             return responses
         picked = [
