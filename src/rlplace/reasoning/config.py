@@ -254,8 +254,8 @@ class MultiTurnConfig:
     from a sandbox waits for its slowest call rather than for all of them in turn. 1: one at a time, for a tool that
     is not thread-safe."""
     call_timeout_s: float = 30.0
-    """A tool call or interaction reply that has not returned within this many seconds is given up (its thread left
-    to finish on its own). Like one that raises, a given-up tool call is answered `error: ...`, which the model
+    """A tool call or interaction reply still running this many seconds after it started, when its turn waits for it,
+    is given up (its thread left to finish on its own). Like one that raises, a given-up tool call is answered `error: ...`, which the model
     reads, and a given-up reply ends the episode; both are counted (`rollout/tool_errors`,
     `rollout/interaction_errors`) and the run goes on."""
 

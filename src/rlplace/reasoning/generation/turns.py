@@ -8,7 +8,8 @@ tool mask (the actor does not train on it). Turn t of sample s samples with the 
 whole response stays a function of (seed, sample id), whichever batch, micro-batch or rank makes it, and turn 0
 samples as a one-turn response does; an interaction is a function of the episode so far, so its replies are too.
 
-The tool calls and interaction replies of a turn's rows run concurrently (`calls.run_calls`,
+A row's tool call or interaction reply starts as soon as the engine reports that the row's turn has ended, while the
+turn's other rows decode (`GenerationEngine.generate`'s `on_done`); the calls run concurrently (`calls.Calls`,
 rollout.multi_turn.max_concurrent_calls), each within rollout.multi_turn.call_timeout_s: a tool's failed call is
 answered `error: ...`, which the model reads; an interaction's ends the episode. Both are counted per row.
 """

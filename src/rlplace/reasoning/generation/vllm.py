@@ -201,11 +201,14 @@ class VLLMEngine:
         ]
         engine = self.llm.llm_engine
         for i, (prompt, request_params) in enumerate(zip(prompts, params, strict=True)):
-            prompt = TokensPrompt(prompt_token_ids=list(prompt))
-            engine.add_request(str(i), prompt, request_params, lora_request=self.adapter)
+            engine.add_request(
+                str(i), TokensPrompt(prompt_token_ids=list(prompt)), request_params, lora_request=self.adapter
+            )
         outputs: list[Any] = [None] * len(prompts)
         while engine.has_unfinished_requests():
-            for output in engine.step():  # each request's output once, when it has finished (FINAL_ONLY)
+            for output in engine.step():
+                if not output.finished:  # FINAL_ONLY: a request's output comes once, finished
+                    continue
                 i = int(output.request_id)
                 outputs[i] = output
                 if on_done is not None:
