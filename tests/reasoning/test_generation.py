@@ -33,14 +33,14 @@ from rlplace.reasoning.config import LoRAConfig, MultiTurnConfig
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine, sequence_seed
 from rlplace.reasoning.generation.hf import DONE_CHECK_INTERVAL, HFEngine
 from rlplace.reasoning.generation.replicas import Replica
-from rlplace.reasoning.generation.turns import MultiTurn, Turns
+from rlplace.reasoning.generation.turns import MultiTurn
 from rlplace.reasoning.interactions import RETRY_TEXT
 from rlplace.reasoning.models.tiny_lm import TinyLMShape, build_tiny_lm, load_causal_lm
 from rlplace.reasoning.models.tokenizer import load_tokenizer
 from rlplace.reasoning.rewards import reward_function
 from rlplace.reasoning.streams import micro_batches_of
 from rlplace.reasoning.tasks.prompts import Problem
-from rlplace.reasoning.workers.rollout import first_ranks_outcomes, pack, padded
+from rlplace.reasoning.workers.rollout import pack, padded
 from rlplace.scheduler import Cluster, Worker, WorkerGroup
 from tests.conftest import SessionRay
 from tests.scheduler.helpers import on_devices
@@ -155,16 +155,6 @@ class EnginePart(Worker):
 
     def load(self, model_path: str) -> None:
         self.engine.load_weights(load_causal_lm(model_path).state_dict().items())
-
-    def in_turns(self, model_path: str, prompts: list[list[int]], problems: list[Problem]) -> Turns:
-        """Responses in turns with `ranked_sum`, as a run's rollout makes them on a split engine: the replica's first
-        rank runs the calls and hands their outcomes to the other (`first_ranks_outcomes`)."""
-        settings = MultiTurnConfig(tool=f"{__name__}:ranked_sum", call_end="=", response_template="{result}")
-        tokenizer, reward = load_tokenizer(model_path), reward_function("exact_match")
-        calling = MultiTurn(tokenizer, settings, reward, False, first_ranks_outcomes, runs_calls=self.rank == 0)
-        return calling.generate(
-            self.engine, prompts, list(range(len(prompts))), problems, max_new_tokens=32, temperature=0.0, seed=0
-        )
 
     def close(self) -> None:
         """Shut the engine down as the process retires this worker."""
@@ -336,28 +326,6 @@ def test_an_engine_split_over_two_ranks_generates_what_one_engine_does(models, v
         vllm.load_weights(load_causal_lm(path).state_dict().items())
         split_vllm.load(str(path)).wait(timeout=120)
         assert ((both(0.0), both(1.0)) == made) is back
-
-
-def ranked_sum(call: str, extra) -> str:
-    """A tool of the tests: the rank that ran it; an odd sum raises."""
-    if extra["sum"] % 2:
-        raise ValueError("odd")
-    return str(torch.distributed.get_rank())
-
-
-@pytest.mark.slow  # the split vLLM engine
-def test_the_ranks_of_a_split_engine_read_the_first_ranks_call_outcomes(models, split_vllm):
-    """A tool's answers (and failures) differ between ranks here, as a flaky or timed-out call's may: the first rank
-    alone calls it, so both ranks read its answers and make the same responses."""
-    tokenizer = load_tokenizer(models.sums)
-    prompts = [p[:-1] for p in models.prompts]
-    problems = [Problem(f"{a}+{b}", str(a + b), {"sum": a + b}) for a, b in PAIRS]
-    first, second = split_vllm.in_turns(str(models.sums), prompts, problems).wait(timeout=120)
-    assert first == second and all(first.calls)
-    for (a, b), response, mask in zip(PAIRS, first.responses, first.tool_masks, strict=True):
-        expected = "error: ValueError: odd" if (a + b) % 2 else "0"
-        answers = [tokenizer.decode(run) for run in _feedback_runs(response, mask)]
-        assert answers[0] == expected and all(expected.startswith(answer) for answer in answers)  # the last maybe cut
 
 
 def test_replicas_share_out_micro_batches_and_the_first_rank_of_each_hands_them_on():

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -25,15 +25,13 @@ class Outcome:
     """What a call gave: its value, or the error it raised (a TimeoutError when it missed its deadline)."""
 
     value: Any = None
-    error: str | None = None
-    """The error in one line (`ValueError: ...`), as the model reads it; None when the call returned."""
-    exception: BaseException | None = field(default=None, compare=False, repr=False)
-    """The error itself, for its traceback: kept where the call ran, not handed to other ranks."""
+    error: BaseException | None = None
 
-
-def failed(error: BaseException) -> Outcome:
-    """The outcome of a call that raised `error`."""
-    return Outcome(error=f"{type(error).__name__}: {error}" if str(error) else type(error).__name__, exception=error)
+    @property
+    def message(self) -> str:
+        """The error in one line, as the model reads it (`ValueError: ...`)."""
+        assert self.error is not None
+        return f"{type(self.error).__name__}: {self.error}" if str(self.error) else type(self.error).__name__
 
 
 class Calls:
@@ -64,7 +62,7 @@ class Calls:
                 for key, (_, deadline) in list(self._running.items()):
                     if now >= deadline:
                         del self._running[key]
-                        self._finished[key] = failed(TimeoutError(f"no answer within {self.timeout_s:g} s"))
+                        self._finished[key] = Outcome(error=TimeoutError(f"no answer within {self.timeout_s:g} s"))
                 self._fill()
                 if self._running:
                     first_deadline = min(deadline for _, deadline in self._running.values())
@@ -84,7 +82,7 @@ class Calls:
         try:
             outcome = Outcome(call())
         except BaseException as error:  # SystemExit included: the caller gets an outcome either way
-            outcome = failed(error)
+            outcome = Outcome(error=error)
         with self._changed:
             running = self._running.get(key)
             if running is None or running[0] is not token:

@@ -94,25 +94,10 @@ class MultiTurn:
     is the run's, which a registered interaction judges turns with; `chat`: prompts are rendered with the tokenizer's
     chat template, whose user turn a feedback goes in (`interactions.feedback_template`)."""
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        settings: MultiTurnConfig,
-        reward: RewardFunction,
-        chat: bool,
-        shared: Callable[[dict[int, Outcome] | None], dict[int, Outcome]] | None = None,
-        runs_calls: bool = True,
-    ) -> None:
+    def __init__(self, tokenizer: Any, settings: MultiTurnConfig, reward: RewardFunction, chat: bool) -> None:
         assert settings.enabled, "multi-turn generation needs rollout.multi_turn.tool or .interaction"
         self.tokenizer = tokenizer
         self.settings = settings
-        self.shared = shared
-        """On the ranks of an engine replica (`generation.replicas`), which generate alike: the replica's first rank's
-        outcomes of a turn's calls, on each of its ranks (its own given, None on the others). The first rank alone
-        runs the calls, so that a tool's side effects happen once and a call that fails or times out on one rank
-        cannot set the ranks' next turns apart. None: this rank runs its calls."""
-        self.runs_calls = runs_calls
-        """This rank runs the turns' calls: alone, or as its replica's first rank."""
         self.tool = None if settings.tool is None else ToolSet(settings.tool)
         self.end_id = None if settings.tool is None else call_end_id(tokenizer, settings)
         self.interaction = None
@@ -164,8 +149,7 @@ class MultiTurn:
                     reply = (problem.prompt, tuple(texts[row]), problem.answer, problem.extra)
                     call, kind = partial(self.interaction, *reply), "interaction"
                 if call is not None:
-                    if self.runs_calls:
-                        calls.start(row, call)
+                    calls.start(row, call)
                     kinds[row] = kind
 
             made = engine.generate(
@@ -182,9 +166,7 @@ class MultiTurn:
                 turns.responses[i] += segment
                 turns.tool_masks[i] += [0] * len(segment)
                 turns.logprobs[i] += segment_logprob
-            outcomes = calls.outcomes() if self.runs_calls else None
-            if self.shared is not None:
-                outcomes = self.shared(outcomes)
+            outcomes = calls.outcomes()
             still = []
             for i in going:
                 if kinds.get(i) == "tool":
@@ -224,7 +206,7 @@ class MultiTurn:
         if outcome.error is not None:
             turns.tool_errors[row] += 1
             self._warn_once("tool", outcome)
-            answer = f"error: {outcome.error}"
+            answer = f"error: {outcome.message}"
         return self._append(turns, row, self.settings.response_template.replace(RESULT, str(answer)), max_new_tokens)
 
     def _answer_turn(self, turns: Turns, row: int, outcome: Outcome, max_new_tokens: int) -> bool:
@@ -247,15 +229,15 @@ class MultiTurn:
         """Log the first failed call of each kind (with its traceback): later ones are only counted."""
         if kind not in self.warned:
             self.warned.add(kind)
-            error = outcome.exception
+            error = outcome.error
             after = "the model reads the error" if kind == "tool" else "its episode ends"
             log.warning(
                 "a %s call failed (%s): %s; later failures are only counted (rollout/%s_errors)",
                 kind,
-                outcome.error,
+                outcome.message,
                 after,
                 kind,
-                exc_info=(type(error), error, error.__traceback__) if error and error.__traceback__ else None,
+                exc_info=(type(error), error, error.__traceback__) if error.__traceback__ else None,
             )
 
     def _append(self, turns: Turns, row: int, text: str, max_new_tokens: int) -> bool:

@@ -11,18 +11,15 @@ collocated actor trains.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 from transformers import AutoConfig
 
 from rlplace.core.weights import StaleWeightsError, received_tensors
 from rlplace.reasoning.batch import SequenceBatch
 from rlplace.reasoning.config import ReasoningConfig
 from rlplace.reasoning.evaluation import Answered, sample_ids
-from rlplace.reasoning.generation.calls import Outcome
 from rlplace.reasoning.generation.engine import EngineOptions, make_engine
 from rlplace.reasoning.generation.replicas import Replica
 from rlplace.reasoning.generation.turns import MultiTurn, Turns
@@ -69,9 +66,7 @@ class LLMRolloutWorker(Worker):
         self.multi_turn = None
         if multi_turn.enabled:
             chat = uses_chat_template(self.tokenizer, cfg.task)
-            shared = first_ranks_outcomes if split > 1 else None
-            runs_calls = self.replica.hands_on
-            self.multi_turn = MultiTurn(self.tokenizer, multi_turn, self.reward, chat, shared, runs_calls)
+            self.multi_turn = MultiTurn(self.tokenizer, multi_turn, self.reward, chat)
         self.logprobs = cfg.algorithm.behaviour_logprobs == "rollout"
         """The engine returns its tokens' log-probs, which the actor weighs the update by."""
         self.version = 0
@@ -240,15 +235,6 @@ class Sample(NamedTuple):
     problem: Problem
     turns: Turns
     row: int
-
-
-def first_ranks_outcomes(outcomes: dict[int, Outcome] | None) -> dict[int, Outcome]:
-    """A turn's call outcomes of the replica's first rank (which passes its own; the others None), on every rank of
-    the replica: broadcast over the engine's process group, without the exceptions themselves (their one-line text is
-    what the model reads)."""
-    held = [None if outcomes is None else {row: replace(o, exception=None) for row, o in outcomes.items()}]
-    dist.broadcast_object_list(held, src=0)
-    return held[0] if outcomes is None else outcomes
 
 
 def column(samples: list[Sample], field: str) -> list:
