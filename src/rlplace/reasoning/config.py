@@ -255,9 +255,9 @@ class MultiTurnConfig:
     is not thread-safe."""
     call_timeout_s: float = 30.0
     """A tool call or interaction reply still running this many seconds after it started, when its turn waits for it,
-    is given up (its thread left to finish on its own). Like one that raises, a given-up tool call is answered `error: ...`, which the model
-    reads, and a given-up reply ends the episode; both are counted (`rollout/tool_errors`,
-    `rollout/interaction_errors`) and the run goes on."""
+    is given up (its thread left to finish on its own). Like one that raises, a given-up tool call is answered
+    `error: ...`, which the model reads, and a given-up reply ends the episode; both are counted
+    (`rollout/tool_errors`, `rollout/interaction_errors`) and the run goes on."""
 
     def __post_init__(self) -> None:
         specs = tool_specs(self.tool)

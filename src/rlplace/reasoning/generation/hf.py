@@ -101,16 +101,18 @@ class HFEngine:
         stops = torch.tensor([*self.eos_ids, *stop_ids], device=self.device)
         last = torch.tensor(limits, device=self.device) - 1  # each row's last step
         may_end_early = not ignore_eos or min(limits) < max_new_tokens
-        tokens, token_logprobs = [], []
+        grid = torch.full((rows, max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
+        """Each row's tokens so far, step by step (the pad id after it ended)."""
+        token_logprobs = []
         reported = torch.zeros(rows, dtype=torch.bool)
         """The rows `on_done` has heard of."""
 
-        def report(rows_done: Tensor) -> None:
+        def report(rows_done: Tensor, steps: int) -> None:
             ended = [] if on_done is None else (rows_done & ~reported).nonzero()[:, 0].tolist()
             if not ended:
                 return
-            grid = torch.stack(tokens, dim=1)[ended].cpu().tolist()
-            cut = [row[: limits[i]] for i, row in zip(ended, grid, strict=True)]
+            made = grid[ended, :steps].cpu().tolist()
+            cut = [row[: limits[i]] for i, row in zip(ended, made, strict=True)]
             for i, response in zip(ended, self._responses(cut, ignore_eos, stop_ids), strict=True):
                 on_done(i, response)
             reported[ended] = True
@@ -119,7 +121,7 @@ class HFEngine:
             noise = None if uniforms is None else uniforms[:, step]
             token, logprob = pick(logits, temperature, noise, top_p, top_k, logprobs)
             token = token.masked_fill(done, self.pad_id)
-            tokens.append(token)
+            grid[:, step] = token
             if logprob is not None:
                 token_logprobs.append(logprob)
             if not ignore_eos:
@@ -129,13 +131,13 @@ class HFEngine:
                 break
             if step % DONE_CHECK_INTERVAL == DONE_CHECK_INTERVAL - 1 and (may_end_early or on_done is not None):
                 rows_done = done.cpu()
-                report(rows_done)
+                report(rows_done, step + 1)
                 if bool(rows_done.all()):
                     break
             logits = decoder.step(token)
-        report(torch.ones(rows, dtype=torch.bool))
-        grid = torch.stack(tokens, dim=1).cpu().tolist()
-        cut = [row[:limit] for row, limit in zip(grid, limits, strict=True)]
+        steps = step + 1
+        report(torch.ones(rows, dtype=torch.bool), steps)
+        cut = [row[:limit] for row, limit in zip(grid[:, :steps].cpu().tolist(), limits, strict=True)]
         responses = self._responses(cut, ignore_eos, stop_ids)
         if not logprobs:
             return responses
